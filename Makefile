@@ -1,0 +1,23 @@
+# The two commands of the README. Each installs what it needs.
+.PHONY: demo test unit lint bench services-up services-down
+
+demo:            ## the reference orders app end to end, on real Kafka
+	scripts/demo
+
+test:            ## the whole test suite (unit + integration on real services), lint and types
+	scripts/test
+
+unit:
+	scripts/bootstrap && .venv/bin/python -m pytest tests/unit -q
+
+lint:
+	scripts/bootstrap && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+bench:
+	scripts/bench
+
+services-up:
+	scripts/services up
+
+services-down:
+	scripts/services down

@@ -1,0 +1,38 @@
+"""streamapp: event-sourced projections over Kafka (and RabbitMQ) with exactly-once state."""
+
+from .agent import Agent, TopicSpec
+from .app import App
+from .errors import (
+    ConfigError,
+    DecodeError,
+    MissingTopicError,
+    PublishError,
+    StoreLockedError,
+    StreamappError,
+)
+from .events import Event
+from .outcomes import FailurePolicy, Outcome, Park, Redeliver
+from .settings import Backoff, Settings
+from .tables.table import JsonCodec, Table, TableView
+
+__all__ = [
+    "Agent",
+    "App",
+    "Backoff",
+    "ConfigError",
+    "DecodeError",
+    "Event",
+    "FailurePolicy",
+    "JsonCodec",
+    "MissingTopicError",
+    "Outcome",
+    "Park",
+    "PublishError",
+    "Redeliver",
+    "Settings",
+    "StoreLockedError",
+    "StreamappError",
+    "Table",
+    "TableView",
+    "TopicSpec",
+]

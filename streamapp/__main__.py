@@ -1,0 +1,5 @@
+"""``python -m streamapp`` is the ``streamapp`` command."""
+
+from .cli import main
+
+main()

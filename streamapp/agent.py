@@ -1,0 +1,146 @@
+"""Agents: a plain async function of one event plus the tables it declares.
+
+:func:`run_batch` is the one place where a delivery becomes an outcome; every source
+(Kafka, RabbitMQ, in-memory) calls it, so an agent behaves the same over each of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import DecodeError
+from .events import Event
+from .outcomes import FailurePolicy, Outcome, Park, Redeliver
+from .source import Decoder, Parker, Record, decode_record
+from .tables.partition import PartitionTables
+from .tables.table import Table
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[..., Awaitable[None]]
+"""``async def handler(event, *table_views) -> None``."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A source topic: its name and partition count (its tables are partitioned alike)."""
+
+    name: str
+    partitions: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.name or self.partitions < 1:
+            raise ValueError(f"topic {self.name!r}: a name and at least one partition are needed")
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One projection: the handler, its source topic, its tables and its failure policy."""
+
+    name: str
+    handler: Handler
+    topic: TopicSpec
+    tables: tuple[Table[Any], ...] = ()
+    filter: Callable[[Event], bool] | None = None
+    on_failure: FailurePolicy = field(default_factory=Redeliver)
+
+    async def __call__(self, event: Event, *views: Any) -> None:
+        """Call the handler directly (handy in unit tests)."""
+        await self.handler(event, *views)
+
+
+@dataclass(frozen=True, slots=True)
+class Handled:
+    outcome: Outcome
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """``settled`` records (a prefix of the batch) are done; ``failure`` stopped the rest."""
+
+    settled: int
+    failure: Handled | None = None
+    out_of_time: bool = False
+    counts: dict[Outcome, int] = field(default_factory=dict)
+
+    @property
+    def redeliver(self) -> bool:
+        return self.failure is not None
+
+
+async def handle(
+    agent: Agent, item: Event | DecodeError, tables: PartitionTables | None
+) -> Handled:
+    """The outcome of one delivery; table writes of a failed handler are rolled back."""
+    if isinstance(item, DecodeError):
+        return Handled(Outcome.NOT_DELIVERABLE, item.reason)
+    event = item
+    sid = event.stream_id
+    if sid is None:
+        return Handled(
+            Outcome.NOT_DELIVERABLE,
+            f"event {event.id} has no stream id (neither a streamid extension nor a subject)",
+        )
+    if agent.filter is not None and not agent.filter(event):
+        return Handled(Outcome.FILTERED, "filter")
+    version = event.stream_version
+    if tables is not None and version is not None and tables.applied_version(sid) >= version:
+        return Handled(Outcome.FILTERED, "already applied")
+    try:
+        if tables is None:
+            await agent.handler(event)
+        else:
+            await agent.handler(event, *tables.views)
+    except Exception as exc:
+        if tables is not None:
+            tables.rollback_event()
+        return Handled(Outcome.FAILED, f"{type(exc).__name__}: {exc}")
+    if tables is not None:
+        if version is not None:
+            tables.record_version(sid, version)
+        tables.commit_event()
+    return Handled(Outcome.DELIVERED)
+
+
+async def run_batch(
+    agent: Agent,
+    records: Sequence[Record],
+    tables: PartitionTables | None,
+    decode: Decoder,
+    park: Parker,
+    budget_s: float,
+) -> BatchResult:
+    """Run ``records`` (one partition, in order) through ``agent``.
+
+    Stops at the first failure that the policy does not settle (REDELIVER, or a park
+    that was not confirmed), or when ``budget_s`` is spent, so the caller can flush the
+    settled prefix and seek back to the rest.
+    """
+    deadline = time.monotonic() + budget_s
+    counts: dict[Outcome, int] = {}
+    for i, record in enumerate(records):
+        if i and time.monotonic() > deadline:
+            return BatchResult(i, out_of_time=True, counts=counts)
+        handled = await handle(agent, decode_record(decode, record), tables)
+        counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
+        if handled.outcome.settles:
+            continue
+        policy = agent.on_failure
+        if isinstance(policy, Park) and await park(record, handled.reason):
+            continue
+        log.warning(
+            "agent %s: %s[%d]@%d %s (%s); will redeliver",
+            agent.name,
+            record.topic,
+            record.partition,
+            record.offset,
+            handled.outcome.value,
+            handled.reason,
+        )
+        return BatchResult(i, failure=handled, counts=counts)
+    return BatchResult(len(records), counts=counts)

@@ -1,0 +1,112 @@
+"""App: names the application and registers its topics, agents and tables.
+
+The app id is the Kafka consumer group of its workers and prefixes its changelog topics.
+Settings are read from ``STREAMAPP_*`` and validated when a worker starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .agent import Agent, Handler, TopicSpec
+from .errors import ConfigError
+from .events import Event
+from .outcomes import FailurePolicy, Park, Redeliver
+from .settings import Settings
+from .tables.changelog import changelog_topic
+from .tables.table import Table
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    """A topic the app needs: what ``streamapp topics create`` makes."""
+
+    name: str
+    partitions: int
+    compacted: bool = False
+    role: str = "source"
+
+
+class App:
+    """A streamapp application: ``App("orders")``, then ``@app.agent(...)``."""
+
+    def __init__(self, id: str, **settings: Any) -> None:
+        self.id = id
+        self._overrides = settings
+        self.agents: dict[str, Agent] = {}
+        self.topics: dict[str, TopicSpec] = {}
+
+    def settings(self, **overrides: Any) -> Settings:
+        """Validated settings: environment, then the app's own, then ``overrides``."""
+        return Settings.from_env(self.id, **{**self._overrides, **overrides})
+
+    def topic(self, name: str, *, partitions: int = 8) -> TopicSpec:
+        """Declare a source topic."""
+        known = self.topics.get(name)
+        if known is not None and known.partitions != partitions:
+            raise ConfigError(f"topic {name!r} declared twice with different partition counts")
+        spec = TopicSpec(name, partitions)
+        self.topics[name] = spec
+        return spec
+
+    def agent(
+        self,
+        topic: TopicSpec,
+        *,
+        tables: Sequence[Table[Any]] = (),
+        filter: Callable[[Event], bool] | None = None,
+        on_failure: FailurePolicy | None = None,
+        name: str | None = None,
+    ) -> Callable[[Handler], Agent]:
+        """Register ``async def handler(event, *views)`` as an agent of ``topic``."""
+
+        def register(handler: Handler) -> Agent:
+            agent_name = name or handler.__name__
+            if agent_name in self.agents:
+                raise ConfigError(f"agent {agent_name!r} is registered twice in app {self.id!r}")
+            for other in self.agents.values():
+                if other.topic.name == topic.name:
+                    raise ConfigError(
+                        f"topic {topic.name!r} already feeds agent {other.name!r}; "
+                        "one agent per source topic"
+                    )
+                shared = {t.name for t in other.tables} & {t.name for t in tables}
+                if shared:
+                    raise ConfigError(f"table(s) {sorted(shared)} belong to agent {other.name!r}")
+            self.topics.setdefault(topic.name, topic)
+            agent = Agent(
+                name=agent_name,
+                handler=handler,
+                topic=topic,
+                tables=tuple(tables),
+                filter=filter,
+                on_failure=on_failure or Redeliver(),
+            )
+            self.agents[agent_name] = agent
+            return agent
+
+        return register
+
+    @property
+    def tables(self) -> dict[str, tuple[Agent, Table[Any]]]:
+        """Every table of the app, with the agent that owns it."""
+        return {t.name: (a, t) for a in self.agents.values() for t in a.tables}
+
+    def changelog_topics(self, agent: Agent) -> dict[str, str]:
+        """table name -> changelog topic, for ``agent``'s tables."""
+        return {t.name: changelog_topic(self.id, t.name) for t in agent.tables}
+
+    def topic_plan(self) -> list[TopicPlan]:
+        """Every topic the app reads or writes, with partitions and cleanup policy."""
+        plan: dict[str, TopicPlan] = {}
+        for agent in self.agents.values():
+            src = agent.topic
+            plan[src.name] = TopicPlan(src.name, src.partitions)
+            for topic in self.changelog_topics(agent).values():
+                plan[topic] = TopicPlan(topic, src.partitions, compacted=True, role="changelog")
+            if isinstance(agent.on_failure, Park):
+                dest = agent.on_failure.destination
+                plan.setdefault(dest, TopicPlan(dest, src.partitions, role="parking"))
+        return list(plan.values())

@@ -1,0 +1,55 @@
+"""Errors that name what is wrong and say what to do.
+
+Each class says whether retrying can help (``retriable``), so a retry strategy can ask
+the error instead of parsing its message.
+"""
+
+from __future__ import annotations
+
+
+class StreamappError(Exception):
+    """Base of every error raised by streamapp."""
+
+    retriable: bool = False
+
+
+class ConfigError(StreamappError):
+    """A setting is missing or invalid; the message names the setting."""
+
+
+class MissingTopicError(StreamappError):
+    """A topic the app needs does not exist on the broker."""
+
+    def __init__(self, topics: list[str], app_ref: str = "MODULE:app") -> None:
+        self.topics = topics
+        names = ", ".join(sorted(topics))
+        super().__init__(
+            f"topic(s) {names} do not exist on the broker; streamapp never auto-creates "
+            f"them. Create them with `streamapp topics create -A {app_ref}`."
+        )
+
+
+class DecodeError(StreamappError):
+    """A record is not a valid CloudEvent; ``reason`` is what a parking header carries."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class StoreLockedError(StreamappError):
+    """Another process still holds a table partition's RocksDB directory."""
+
+    retriable = True
+
+
+class PublishError(StreamappError):
+    """A sink could not confirm a publish; the outcome is unknown, publish again."""
+
+    retriable = True
+
+
+class BrokerUnavailableError(StreamappError):
+    """The broker did not answer within the start-up retry budget."""
+
+    retriable = True

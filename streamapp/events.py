@@ -1,0 +1,98 @@
+"""The CloudEvent (spec 1.0) that agents see, with stream id and version helpers.
+
+The stream id is the ``streamid`` extension, else ``subject``; the stream version (the
+1-based position of the event in its stream) is the ``streamversion`` extension.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+SPECVERSION = "1.0"
+REQUIRED = ("id", "source", "type", "specversion")
+OPTIONAL = ("subject", "time", "datacontenttype", "dataschema")
+CORE = frozenset(REQUIRED + OPTIONAL)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One CloudEvent. ``data`` is decoded JSON for JSON content types, else bytes or None."""
+
+    id: str
+    source: str
+    type: str
+    specversion: str = SPECVERSION
+    subject: str | None = None
+    time: str | None = None
+    datacontenttype: str | None = None
+    dataschema: str | None = None
+    data: Any = None
+    extensions: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def stream_id(self) -> str | None:
+        """The key of the event's stream: ``streamid`` extension, else ``subject``."""
+        return self.extensions.get("streamid") or self.subject or None
+
+    @property
+    def stream_version(self) -> int | None:
+        """The event's 1-based position in its stream, when the producer knew it."""
+        raw = self.extensions.get("streamversion")
+        return None if raw is None else int(raw)
+
+    @classmethod
+    def create(
+        cls,
+        type: str,
+        *,
+        stream_id: str,
+        data: Any = None,
+        source: str = "streamapp",
+        version: int | None = None,
+        id: str | None = None,
+        time: str | None = None,
+        extensions: Mapping[str, str] | None = None,
+    ) -> Event:
+        """A new event on stream ``stream_id`` with JSON ``data`` and a fresh id."""
+        ext = dict(extensions or {})
+        ext["streamid"] = stream_id
+        if version is not None:
+            if version < 1:
+                raise ValueError(f"stream version of {stream_id!r} must be >= 1, got {version}")
+            ext["streamversion"] = str(version)
+        return cls(
+            id=id or str(uuid.uuid4()),
+            source=source,
+            type=type,
+            time=time or datetime.now(UTC).isoformat(),
+            datacontenttype="application/json" if not isinstance(data, bytes) else None,
+            data=data,
+            extensions=ext,
+        )
+
+    def attributes(self) -> dict[str, str]:
+        """Every context attribute that is set, extensions included, as strings."""
+        out = {
+            "id": self.id,
+            "source": self.source,
+            "type": self.type,
+            "specversion": self.specversion,
+        }
+        for name in OPTIONAL:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        out.update(self.extensions)
+        return out
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """True for ``application/json``, ``text/json`` and any ``*+json`` type (parameters ignored)."""
+    if content_type is None:
+        return False
+    base = content_type.split(";", 1)[0].strip().lower()
+    return base in ("application/json", "text/json") or base.endswith("+json")

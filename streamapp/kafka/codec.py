@@ -1,0 +1,142 @@
+"""CloudEvents over Kafka: binary content mode (``ce_`` headers) and structured JSON mode.
+
+A fast path of our own instead of the SDK's decoder (see PITFALLS.md): the mode is decided
+by ``content-type`` as the spec says, only ``ce_`` headers are decoded (a foreign binary
+header never breaks a record), and the record key is never injected into the event.
+Decoding raises :class:`DecodeError` with a reason; it never raises anything else.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from ..errors import DecodeError
+from ..events import CORE, OPTIONAL, REQUIRED, SPECVERSION, Event, is_json_type
+
+Headers = Sequence[tuple[str, bytes]]
+STRUCTURED = "application/cloudevents"
+
+
+def decode(key: bytes | None, value: bytes | None, headers: Headers) -> Event:
+    """The CloudEvent in one Kafka record, or :class:`DecodeError` saying why not."""
+    content_type: str | None = None
+    attrs: dict[str, str] = {}
+    for name, raw in headers:
+        lname = name.lower()
+        if lname == "content-type":
+            content_type = _text(name, raw)
+        elif lname.startswith("ce_"):
+            attrs[lname[3:]] = _text(name, raw)
+    if content_type is not None and content_type.lower().startswith(STRUCTURED):
+        return _structured(content_type, value)
+    if not attrs:
+        raise DecodeError("not a CloudEvent: no ce_ headers and no structured content-type")
+    if content_type is not None:
+        attrs["datacontenttype"] = content_type
+    data: Any = value or None  # an empty value is an event without data
+    if data is not None and is_json_type(content_type):
+        try:
+            data = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise DecodeError(f"data is not valid JSON ({content_type}): {exc}") from None
+    return _event(attrs, data)
+
+
+def encode(event: Event) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    """``(key, value, headers)`` of ``event`` in binary content mode; key = stream id."""
+    headers = [
+        ("ce_" + name, value.encode())
+        for name, value in event.attributes().items()
+        if name != "datacontenttype"
+    ]
+    if event.datacontenttype is not None:
+        headers.append(("content-type", event.datacontenttype.encode()))
+    data = event.data
+    if data is None:
+        value = None
+    elif isinstance(data, bytes):
+        value = data
+    elif is_json_type(event.datacontenttype):
+        value = orjson.dumps(data)
+    else:
+        raise TypeError(
+            f"event {event.id}: data of type {type(data).__name__} needs a JSON "
+            f"datacontenttype, got {event.datacontenttype!r}"
+        )
+    sid = event.stream_id
+    return (sid.encode() if sid is not None else None), value, headers
+
+
+def encode_structured(event: Event) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+    """``(key, value, headers)`` of ``event`` in structured JSON mode."""
+    body: dict[str, Any] = dict(event.attributes())
+    if isinstance(event.data, bytes):
+        body["data_base64"] = base64.b64encode(event.data).decode()
+    elif event.data is not None:
+        body["data"] = event.data
+    sid = event.stream_id
+    headers = [("content-type", b"application/cloudevents+json; charset=utf-8")]
+    return (sid.encode() if sid is not None else None), orjson.dumps(body), headers
+
+
+def _structured(content_type: str, value: bytes | None) -> Event:
+    if not content_type.lower().split(";", 1)[0].strip().endswith("+json"):
+        raise DecodeError(f"unsupported structured format {content_type!r} (only JSON)")
+    if value is None:
+        raise DecodeError("structured CloudEvent with an empty value")
+    try:
+        body = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"structured CloudEvent is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise DecodeError("structured CloudEvent is not a JSON object")
+    data: Any = body.pop("data", None)
+    b64 = body.pop("data_base64", None)
+    if b64 is not None:
+        try:
+            data = base64.b64decode(b64, validate=True)
+        except (ValueError, TypeError):
+            raise DecodeError("data_base64 is not valid base64") from None
+    if not isinstance(body.get("specversion", ""), str):
+        raise DecodeError("attribute 'specversion' must be a string")
+    attrs: dict[str, str] = {}
+    for name, val in body.items():
+        if isinstance(val, (dict, list)) or val is None:
+            raise DecodeError(f"attribute {name!r} must be a string, number or boolean")
+        attrs[name] = val if isinstance(val, str) else orjson.dumps(val).decode()
+    return _event(attrs, data)
+
+
+def _event(attrs: dict[str, str], data: Any) -> Event:
+    missing = [name for name in REQUIRED if not attrs.get(name)]
+    if missing:
+        raise DecodeError(f"CloudEvent lacks required attribute(s): {', '.join(missing)}")
+    if attrs["specversion"] != SPECVERSION:
+        raise DecodeError(f"unsupported specversion {attrs['specversion']!r} (want 1.0)")
+    version = attrs.get("streamversion")
+    if version is not None and not (version.isascii() and version.isdigit() and int(version) >= 1):
+        raise DecodeError(f"streamversion {version!r} is not a positive integer")
+    ext = {k: v for k, v in attrs.items() if k not in CORE}
+    opt = {k: attrs.get(k) for k in OPTIONAL}
+    return Event(
+        id=attrs["id"],
+        source=attrs["source"],
+        type=attrs["type"],
+        specversion=SPECVERSION,
+        data=data,
+        extensions=ext,
+        **opt,
+    )
+
+
+def _text(name: str, raw: bytes | None) -> str:
+    if raw is None:
+        raise DecodeError(f"header {name!r} has no value")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DecodeError(f"header {name!r} is not valid UTF-8") from None

@@ -1,0 +1,70 @@
+"""Creating and checking the topics an app needs. Never auto-created by a worker."""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from ..app import App
+from ..errors import ConfigError, MissingTopicError
+from ..settings import Settings
+from .retry import with_startup_retry
+
+log = logging.getLogger(__name__)
+
+
+async def create_topics(app: App, settings: Settings) -> list[str]:
+    """Create every topic of ``app.topic_plan()`` that is missing; returns those created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await with_startup_retry(settings, "topic admin", admin.start)
+    replication_factor = settings.replication_factor
+    try:
+        existing = set(await admin.list_topics())
+        missing = [p for p in app.topic_plan() if p.name not in existing]
+        if not missing:
+            return []
+        new = [
+            NewTopic(
+                p.name,
+                p.partitions,
+                replication_factor,
+                topic_configs={"cleanup.policy": "compact"} if p.compacted else {},
+            )
+            for p in missing
+        ]
+        resp = await admin.create_topics(new)
+        for name, code, *_ in resp.topic_errors:
+            if code and code != TopicAlreadyExistsError.errno:
+                raise ConfigError(f"creating topic {name!r} failed with Kafka error code {code}")
+        return [p.name for p in missing]
+    finally:
+        await admin.close()
+
+
+async def partition_counts(settings: Settings, names: list[str]) -> dict[str, int]:
+    """Partition count of each existing topic among ``names`` (missing ones are absent)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await with_startup_retry(settings, "topic check", admin.start)
+    try:
+        described = await admin.describe_topics(names)
+    finally:
+        await admin.close()
+    return {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
+
+
+async def check_topics(app: App, settings: Settings, app_ref: str) -> None:
+    """Raise when a needed topic is missing or a changelog is partitioned unlike its source."""
+    plan = app.topic_plan()
+    partitions = await partition_counts(settings, [p.name for p in plan])
+    missing = [p.name for p in plan if not partitions.get(p.name)]
+    if missing:
+        raise MissingTopicError(missing, app_ref)
+    for p in plan:
+        have = partitions[p.name]
+        if p.role in ("source", "changelog") and have != p.partitions:
+            raise ConfigError(
+                f"topic {p.name!r} has {have} partitions but the app declares {p.partitions} "
+                f"({p.role}); tables are partitioned like their source, so these must match"
+            )

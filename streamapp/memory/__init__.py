@@ -1,0 +1,5 @@
+"""In-memory broker for users' unit tests."""
+
+from .broker import MemoryBroker
+
+__all__ = ["MemoryBroker"]

@@ -1,0 +1,155 @@
+"""One frozen, typed settings object, validated when it is made.
+
+Every component receives the same :class:`Settings`; errors name the setting and the
+environment variable that feeds it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+ENV_PREFIX = "STREAMAPP_"
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential back-off: ``attempts`` tries, waits from ``initial_s`` doubling to ``max_s``."""
+
+    attempts: int = 10
+    initial_s: float = 0.1
+    max_s: float = 2.0
+
+    def delays(self) -> list[float]:
+        """The waits between attempts (one fewer than ``attempts``)."""
+        out, d = [], self.initial_s
+        for _ in range(max(self.attempts - 1, 0)):
+            out.append(d)
+            d = min(d * 2, self.max_s)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What a worker needs to know. Build with :meth:`from_env` to read ``STREAMAPP_*``."""
+
+    app_id: str
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    data_dir: Path = Path("streamapp-data")
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+    auto_offset_reset: str = "earliest"
+    enable_auto_commit: bool = False
+    poll_timeout_ms: int = 500
+    max_batch_records: int = 2000
+    batch_budget_ms: int = 10_000
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 3_000
+    rebalance_timeout_ms: int = 60_000
+    publish_timeout_s: float = 30.0
+    replication_factor: int = 1
+    shutdown_timeout_s: float = 30.0
+    store_open_timeout_s: float = 30.0
+    startup_retry: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    @property
+    def group_id(self) -> str:
+        """The Kafka consumer group of every worker of this app."""
+        return self.app_id
+
+    @classmethod
+    def from_env(cls, app_id: str, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``STREAMAPP_<NAME>`` variables, then ``overrides`` on top."""
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None or f.name in ("app_id", "startup_retry"):
+                continue
+            values[f.name] = _parse(f.name, f.type, raw)
+        values.update(overrides)
+        return cls(app_id=app_id, **values)
+
+    def with_(self, **changes: Any) -> Settings:
+        """A validated copy with ``changes`` applied."""
+        return replace(self, **changes)
+
+    def _validate(self) -> None:
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(
+                f"setting {name} ({ENV_PREFIX}{name.upper()}) = {getattr(self, name)!r}: {why}"
+            )
+
+        if not isinstance(self.app_id, str) or not self.app_id.strip():
+            raise ConfigError("setting app_id: the app needs a non-blank name (it is the group id)")
+        if self.app_id != self.app_id.strip() or any(c.isspace() for c in self.app_id):
+            raise bad("app_id", "must not contain whitespace (it names topics and the group)")
+        if self.enable_auto_commit:
+            raise bad(
+                "enable_auto_commit",
+                "auto-commit would commit offsets of records not yet durable in the table; "
+                "streamapp commits explicit offsets itself. Set it to false.",
+            )
+        if self.auto_offset_reset not in ("earliest", "latest"):
+            raise bad("auto_offset_reset", "must be 'earliest' or 'latest'")
+        if not self.kafka_bootstrap.strip():
+            raise bad("kafka_bootstrap", "give host:port of a broker")
+        if not 0 <= self.web_port < 65536:
+            raise bad("web_port", "must be a TCP port (0 picks a free one)")
+        for name in (
+            "poll_timeout_ms",
+            "max_batch_records",
+            "batch_budget_ms",
+            "max_poll_interval_ms",
+            "session_timeout_ms",
+            "heartbeat_interval_ms",
+            "rebalance_timeout_ms",
+            "replication_factor",
+        ):
+            if getattr(self, name) <= 0:
+                raise bad(name, "must be positive")
+        for name in ("publish_timeout_s", "shutdown_timeout_s", "store_open_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise bad(name, "must be positive")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise bad("heartbeat_interval_ms", "must be below session_timeout_ms")
+        if self.batch_budget_ms * 2 > self.rebalance_timeout_ms:
+            raise bad(
+                "batch_budget_ms",
+                "must be at most half of rebalance_timeout_ms, so a revoked partition can "
+                "finish its batch and flush inside the rebalance",
+            )
+        if self.batch_budget_ms * 2 > self.max_poll_interval_ms:
+            raise bad("batch_budget_ms", "must be at most half of max_poll_interval_ms")
+        if self.startup_retry.attempts < 1:
+            raise ConfigError("setting startup_retry.attempts must be at least 1")
+
+
+def _parse(name: str, type_name: Any, raw: str) -> Any:
+    kind = str(type_name)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "bool":
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if kind == "Path":
+            return Path(raw)
+    except ValueError:
+        raise ConfigError(
+            f"setting {name}: {ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind}"
+        ) from None
+    return raw

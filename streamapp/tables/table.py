@@ -1,0 +1,118 @@
+"""Tables: typed key/value state of an agent, partitioned like its source.
+
+A :class:`Table` is a declaration. During a batch, the agent sees a :class:`TableView`
+of one partition: reads and writes hit an in-memory overlay (one layer per event, one
+per batch), and the batch's changes reach the store in one atomic write together with
+the checkpoint (see :mod:`streamapp.tables.partition`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Generic, Protocol, TypeVar
+
+import orjson
+
+from .store import Store
+
+V = TypeVar("V")
+_MISSING: Any = object()
+
+
+class ValueCodec(Protocol[V]):
+    """Turns table values into bytes and back. Never pickle."""
+
+    def dumps(self, value: V) -> bytes: ...
+
+    def loads(self, raw: bytes) -> V: ...
+
+
+class JsonCodec:
+    """JSON values (orjson): dicts, lists, strings, numbers, booleans."""
+
+    def dumps(self, value: Any) -> bytes:
+        return orjson.dumps(value)
+
+    def loads(self, raw: bytes) -> Any:
+        return orjson.loads(raw)
+
+
+class Table(Generic[V]):
+    """A named table; its partition count is its source topic's."""
+
+    def __init__(self, name: str, *, codec: ValueCodec[V] | None = None, help: str = "") -> None:
+        if not name or not all(c.isalnum() or c in "._-" for c in name):
+            raise ValueError(f"table name {name!r}: use letters, digits, '.', '_' or '-'")
+        self.name = name
+        self.codec: ValueCodec[V] = codec if codec is not None else JsonCodec()
+        self.help = help
+
+    @property
+    def data_space(self) -> str:
+        return "t:" + self.name
+
+    @property
+    def version_space(self) -> str:
+        return "v:" + self.name
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r})"
+
+
+class TableView(Generic[V]):
+    """One partition of a table as the agent sees it during a batch."""
+
+    __slots__ = ("_batch", "_event", "_space", "_store", "codec", "partition", "table")
+
+    def __init__(self, table: Table[V], store: Store, partition: int) -> None:
+        self.table = table
+        self.codec = table.codec
+        self.partition = partition
+        self._store = store
+        self._space = table.data_space
+        self._batch: dict[bytes, bytes | None] = {}
+        self._event: dict[bytes, bytes | None] = {}
+
+    def get(self, key: str, default: Any = None) -> V | Any:
+        raw = self._raw(key.encode())
+        return default if raw is None else self.codec.loads(raw)
+
+    def __getitem__(self, key: str) -> V:
+        raw = self._raw(key.encode())
+        if raw is None:
+            raise KeyError(key)
+        return self.codec.loads(raw)
+
+    def __setitem__(self, key: str, value: V) -> None:
+        self._event[key.encode()] = self.codec.dumps(value)
+
+    def __delitem__(self, key: str) -> None:
+        self._event[key.encode()] = None
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._raw(key.encode()) is not None
+
+    def items(self) -> Iterator[tuple[str, V]]:
+        """Committed items of this partition (not the open batch's changes)."""
+        for key, raw in self._store.items(self._space):
+            yield key.decode(), self.codec.loads(raw)
+
+    def _raw(self, key: bytes) -> bytes | None:
+        if key in self._event:
+            return self._event[key]
+        if key in self._batch:
+            return self._batch[key]
+        return self._store.get(self._space, key)
+
+    # The partition runner drives the layers:
+    def _commit_event(self) -> None:
+        if self._event:
+            self._batch.update(self._event)
+            self._event.clear()
+
+    def _rollback_event(self) -> None:
+        self._event.clear()
+
+    def _take_batch(self) -> dict[bytes, bytes | None]:
+        changes, self._batch = self._batch, {}
+        return changes

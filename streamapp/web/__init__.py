@@ -1,0 +1,1 @@
+"""HTTP views of a worker: table lookups and status."""

@@ -1,0 +1,64 @@
+"""Table views: ``GET /tables/{table}/{key}`` answered from the owner's committed state.
+
+A view reads the store, never the open batch, so it shows state consistent with the
+checkpoint. While the key's partition restores here it answers 503 with Retry-After;
+when another worker owns it, 421 (routing to the owner comes with the views issue).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ..kafka.runner import RESTORING
+from ..kafka.source import KafkaSource
+
+
+def json_response(body: Any, status: int = 200, **headers: str) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
+    )
+
+
+def make_app(source: KafkaSource, worker_id: str) -> web.Application:
+    """The aiohttp application of one worker."""
+
+    async def table_get(request: web.Request) -> web.Response:
+        name, key = request.match_info["table"], request.match_info["key"]
+        if name not in source.app.tables:
+            return json_response({"error": f"no table named {name!r}"}, 404)
+        agent, table = source.app.tables[name]
+        partition, runner = source.owner_of(name, key)
+        if runner is None:
+            return json_response(
+                {
+                    "error": f"partition {partition} of table {name!r} is not owned by this worker",
+                    "partition": partition,
+                },
+                421,
+            )
+        if runner.state == RESTORING or (runner.tables is None and agent.tables):
+            return json_response(
+                {"error": f"partition {partition} of table {name!r} is restoring"},
+                503,
+                **{"Retry-After": "1"},
+            )
+        assert runner.tables is not None
+        raw = runner.tables.store.get(table.data_space, key.encode())
+        if raw is None:
+            return json_response({"error": f"key {key!r} not found in table {name!r}"}, 404)
+        return json_response(table.codec.loads(raw))
+
+    async def status(request: web.Request) -> web.Response:
+        parts = source.status()
+        ready = all(p["state"] != RESTORING for p in parts.values())
+        return json_response(
+            {"worker": worker_id, "app": source.app.id, "ready": ready, "partitions": parts}
+        )
+
+    app = web.Application()
+    app.router.add_get("/tables/{table}/{key}", table_get)
+    app.router.add_get("/status", status)
+    return app

@@ -1,0 +1,263 @@
+"""Helpers for integration tests: worker processes, order events, lag and view checks.
+
+Everything here talks to real services; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streamapp import Event
+from streamapp.kafka import codec
+
+ROOT = Path(__file__).resolve().parents[2]
+STATUSES = ("placed", "paid", "shipped", "cancelled")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def app_env(bootstrap: str, namespace: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        STREAMAPP_KAFKA_BOOTSTRAP=bootstrap,
+        ORDERS_NAMESPACE=namespace,
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+def streamapp_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "streamapp.cli", *args]
+
+
+def create_topics(bootstrap: str, namespace: str, app_ref: str = "agents.orders:app") -> str:
+    out = subprocess.run(
+        streamapp_cmd("topics", "create", "-A", app_ref),
+        env=app_env(bootstrap, namespace),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@dataclass
+class WorkerProc:
+    """One ``streamapp worker`` process of the orders app."""
+
+    bootstrap: str
+    namespace: str
+    data_dir: Path
+    log_path: Path
+    app_ref: str = "agents.orders:app"
+    port: int = field(default_factory=free_port)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProc:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            streamapp_cmd(
+                "worker",
+                "-A",
+                self.app_ref,
+                "--data-dir",
+                str(self.data_dir),
+                "--web-port",
+                str(self.port),
+            ),
+            env=app_env(self.bootstrap, self.namespace, **self.extra_env),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        return self
+
+    def stop(self, timeout: float = 40.0) -> int:
+        """SIGTERM and wait: the worker must exit by itself within ``timeout``."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    async def status(self) -> dict[str, Any] | None:
+        try:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(
+                    f"http://127.0.0.1:{self.port}/status", timeout=aiohttp.ClientTimeout(total=2)
+                ) as r,
+            ):
+                body: dict[str, Any] = await r.json()
+                return body
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+
+
+def order_events(
+    n_orders: int, n_events: int, seed: int = 7
+) -> tuple[list[Event], dict[str, tuple[int, str]]]:
+    """``n_events`` order events over ``n_orders`` orders; expected (count, last status)."""
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    last: dict[str, str] = {}
+    events = []
+    for i in range(n_events):
+        oid = (
+            f"order-{i % n_orders:05d}" if i < n_orders else f"order-{rng.randrange(n_orders):05d}"
+        )
+        status = "placed" if oid not in counts else rng.choice(STATUSES[1:])
+        counts[oid] = counts.get(oid, 0) + 1
+        last[oid] = status
+        events.append(
+            Event.create(
+                f"order.{status}", stream_id=oid, source="tests", data={"order": oid, "n": i}
+            )
+        )
+    return events, {oid: (counts[oid], last[oid]) for oid in counts}
+
+
+async def produce(
+    bootstrap: str, topic: str, events: list[Event], *, rate: float | None = None
+) -> None:
+    """Publish ``events`` in binary mode with ``acks=all``; ``rate`` caps events per second."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+    )
+    await producer.start()
+    try:
+        started = time.monotonic()
+        futures = []
+        for i, event in enumerate(events):
+            key, value, headers = codec.encode(event)
+            futures.append(await producer.send(topic, value, key=key, headers=headers))
+            if rate is not None and i % 500 == 499:
+                ahead = (i + 1) / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def lag(bootstrap: str, group: str, topic: str) -> int:
+    """Records of ``topic`` not yet committed by ``group`` (committed = durable in tables)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group)
+        (described,) = await admin.describe_topics([topic])
+        tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+        assert tps, f"topic {topic} has no partitions"
+        ends = await consumer.end_offsets(tps)
+        total = 0
+        for tp in tps:
+            meta = committed.get(tp)
+            done = meta.offset if meta is not None and meta.offset >= 0 else 0
+            total += ends[tp] - done
+        return total
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def wait_caught_up(
+    bootstrap: str, group: str, topic: str, within_s: float, workers: list[WorkerProc]
+) -> None:
+    deadline = time.monotonic() + within_s
+    remaining = -1
+    while time.monotonic() < deadline:
+        for w in workers:
+            assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
+        remaining = await lag(bootstrap, group, topic)
+        if remaining == 0:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(
+        f"group {group} still {remaining} records behind on {topic} after {within_s}s"
+    )
+
+
+async def wait_ready(worker: WorkerProc, within_s: float = 60.0) -> dict[str, Any]:
+    """Until the worker serves /status with every assigned partition ready."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        assert worker.alive, f"worker died:\n{worker.log_text()[-3000:]}"
+        status = await worker.status()
+        if status and status["partitions"] and status["ready"]:
+            return status
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"worker not ready after {within_s}s:\n{worker.log_text()[-3000:]}")
+
+
+async def read_table(workers: list[WorkerProc], table: str, keys: list[str]) -> dict[str, Any]:
+    """Each key's value from whichever worker owns it (exactly one must answer)."""
+    out: dict[str, Any] = {}
+    sem = asyncio.Semaphore(32)
+    async with aiohttp.ClientSession() as http:
+
+        async def one(key: str) -> None:
+            answers = []
+            async with sem:
+                for w in workers:
+                    async with http.get(f"http://127.0.0.1:{w.port}/tables/{table}/{key}") as r:
+                        if r.status in (200, 404):
+                            answers.append((r.status, await r.json()))
+                        else:
+                            assert r.status == 421, (r.status, await r.text())
+            assert len(answers) == 1, f"{key}: owners answered {answers}"
+            status, body = answers[0]
+            out[key] = body if status == 200 else None
+
+        await asyncio.gather(*(one(k) for k in keys))
+    return out
+
+
+def assert_exact(table: dict[str, Any], expected: dict[str, tuple[int, str]]) -> None:
+    wrong = {
+        oid: (table.get(oid), exp)
+        for oid, exp in expected.items()
+        if table.get(oid) is None or (table[oid]["version"], table[oid]["status"]) != exp
+    }
+    assert not wrong, f"{len(wrong)} orders wrong, e.g. {list(wrong.items())[:5]}"

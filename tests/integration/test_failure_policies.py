@@ -1,0 +1,154 @@
+"""Failure policies on real Kafka: PARK keeps the partition going, REDELIVER applies once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from streamapp import App, Event, Redeliver, Table, TableView
+from streamapp.kafka import codec
+from streamapp.kafka.source import partition_for
+from streamapp.kafka.topics import create_topics as create_app_topics
+from streamapp.worker import Worker
+
+from .harness import WorkerProc, create_topics, read_table, wait_caught_up, wait_ready
+
+pytestmark = pytest.mark.integration
+
+
+async def _send_raw(
+    bootstrap: str, topic: str, records: list[tuple[bytes, bytes, list[Any]]]
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for key, value, headers in records:
+            await producer.send_and_wait(topic, value, key=key, headers=headers)
+    finally:
+        await producer.stop()
+
+
+async def _read_all(bootstrap: str, topic: str, n: int) -> list[Any]:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    got: list[Any] = []
+    try:
+        async with asyncio.timeout(30):
+            while len(got) < n:
+                batch = await consumer.getmany(timeout_ms=500)
+                got += [r for recs in batch.values() for r in recs]
+        extra = await consumer.getmany(timeout_ms=1000)  # nothing more than expected
+        got += [r for recs in extra.values() for r in recs]
+    finally:
+        await consumer.stop()
+    return sorted(got, key=lambda r: (r.partition, r.offset))
+
+
+async def test_park_bad_records_and_go_on(kafka_bootstrap: str, tmp_path: Path) -> None:
+    ns = f"park{uuid.uuid4().hex[:6]}-"
+    create_topics(kafka_bootstrap, ns)
+    oid = "order-park"
+
+    def good(kind: str) -> tuple[bytes, bytes, list[Any]]:
+        key, value, headers = codec.encode(Event.create(f"order.{kind}", stream_id=oid, data={}))
+        assert key is not None
+        assert value is not None
+        return key, value, headers
+
+    no_stream_id = [(n, v) for n, v in good("placed")[2] if n != "ce_streamid"]
+    records = [
+        good("placed"),
+        (oid.encode(), b"plain text, not a CloudEvent", []),
+        (oid.encode(), b"{not json", good("paid")[2]),  # application/json, invalid JSON
+        (oid.encode(), b"{}", no_stream_id),  # a CloudEvent without a stream id
+        good("paid"),
+        good("shipped"),
+    ]
+    await _send_raw(kafka_bootstrap, f"{ns}orders", records)
+
+    worker = WorkerProc(kafka_bootstrap, ns, tmp_path / "data", tmp_path / "w.log").start()
+    try:
+        await wait_ready(worker)
+        await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 60, [worker])
+        table = await read_table([worker], "order_status", [oid])
+        assert table[oid]["status"] == "shipped"
+        assert table[oid]["version"] == 3  # the three good events, each once
+    finally:
+        assert worker.stop() == 0
+
+    parked = await _read_all(kafka_bootstrap, f"{ns}orders.parked", 3)
+    assert len(parked) == 3
+    reasons = [dict(r.headers)["streamapp-park-reason"].decode() for r in parked]
+    assert "not a CloudEvent" in reasons[0]
+    assert "not valid JSON" in reasons[1]
+    assert "no stream id" in reasons[2]
+    assert [r.value for r in parked] == [records[1][1], records[2][1], records[3][1]]
+    assert all(r.key == oid.encode() for r in parked)
+    p = partition_for(oid.encode(), 8)
+    sources = [dict(r.headers)["streamapp-source"].decode() for r in parked]
+    assert sources == [f"{ns}orders/{p}/1", f"{ns}orders/{p}/2", f"{ns}orders/{p}/3"]
+
+
+async def test_redeliver_applies_once_and_other_partitions_flow(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    ns = f"flaky{uuid.uuid4().hex[:6]}-"
+    app = App(f"{ns}app", kafka_bootstrap=kafka_bootstrap, data_dir=tmp_path, web_port=0)
+    topic = app.topic(f"{ns}in", partitions=4)
+    counts_table: Table[dict[str, int]] = Table("counts")
+    calls: Counter[str] = Counter()
+    flaky_id = "flaky-event"
+
+    @app.agent(topic, tables=[counts_table], on_failure=Redeliver(pause_s=1.5))
+    async def count(event: Event, counts: TableView[dict[str, int]]) -> None:
+        calls[event.id] += 1
+        sid = event.stream_id
+        assert sid is not None
+        counts[sid] = {"n": counts.get(sid, {"n": 0})["n"] + 1}
+        if event.id == flaky_id and calls[event.id] <= 2:
+            raise RuntimeError("transient failure")  # after a write: it must be rolled back
+
+    settings = app.settings()
+    await create_app_topics(app, settings)
+    keys = {partition_for(f"k{i}".encode(), 4): f"k{i}" for i in range(40)}
+    stuck_key = keys[0]
+    others = [keys[p] for p in (1, 2, 3)]
+    events = [Event.create("e", stream_id=stuck_key, data={}, id=flaky_id)]
+    events += [Event.create("e", stream_id=stuck_key, data={}) for _ in range(5)]
+    events += [Event.create("e", stream_id=k, data={}) for k in others for _ in range(20)]
+    await _send_raw(kafka_bootstrap, topic.name, [codec.encode(e) for e in events])  # type: ignore[misc]
+
+    worker = Worker(app, settings)
+    await worker.start()
+    try:
+        url = f"http://127.0.0.1:{worker.web_port}/tables/counts/"
+        seen_while_stuck = False
+        async with aiohttp.ClientSession() as http:
+
+            async def n_of(key: str) -> int:
+                async with http.get(url + key) as r:
+                    return int((await r.json())["n"]) if r.status == 200 else 0
+
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                others_done = all([await n_of(k) == 20 for k in others])
+                stuck = await n_of(stuck_key)
+                if others_done and stuck == 0:
+                    seen_while_stuck = True
+                if others_done and stuck == 6:
+                    break
+                await asyncio.sleep(0.1)
+            assert await n_of(stuck_key) == 6  # the flaky event counted once, not three times
+        assert seen_while_stuck  # the other partitions finished while partition 0 waited
+        assert calls[flaky_id] == 3
+        assert all(n == 1 for eid, n in calls.items() if eid != flaky_id)
+    finally:
+        await worker.stop()

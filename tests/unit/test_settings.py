@@ -1,0 +1,169 @@
+"""Settings: defaults, environment parsing, validation rules, Backoff."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from streamapp import Backoff, ConfigError, Settings
+
+
+def test_defaults_are_valid() -> None:
+    s = Settings(app_id="orders")
+    assert s.group_id == "orders"
+    assert s.enable_auto_commit is False
+    assert s.auto_offset_reset == "earliest"
+    assert s.batch_budget_ms * 2 <= s.rebalance_timeout_ms
+    assert s.heartbeat_interval_ms < s.session_timeout_ms
+    assert s.startup_retry == Backoff()
+
+
+def test_from_env_with_empty_env_gives_defaults() -> None:
+    assert Settings.from_env("orders", env={}) == Settings(app_id="orders")
+
+
+def test_from_env_parses_ints_bools_floats_and_paths() -> None:
+    env = {
+        "STREAMAPP_WEB_PORT": "7070",
+        "STREAMAPP_MAX_BATCH_RECORDS": "50",
+        "STREAMAPP_ENABLE_AUTO_COMMIT": "off",
+        "STREAMAPP_DATA_DIR": "/var/lib/streamapp",
+        "STREAMAPP_PUBLISH_TIMEOUT_S": "2.5",
+        "STREAMAPP_KAFKA_BOOTSTRAP": "kafka:29092",
+        "STREAMAPP_AUTO_OFFSET_RESET": "latest",
+        "OTHER_WEB_PORT": "1",
+    }
+    s = Settings.from_env("orders", env=env)
+    assert s.web_port == 7070
+    assert isinstance(s.web_port, int)
+    assert s.max_batch_records == 50
+    assert s.enable_auto_commit is False
+    assert s.data_dir == Path("/var/lib/streamapp")
+    assert isinstance(s.data_dir, Path)
+    assert s.publish_timeout_s == 2.5
+    assert s.kafka_bootstrap == "kafka:29092"
+    assert s.auto_offset_reset == "latest"
+
+
+def test_from_env_app_id_variable_does_not_override_argument() -> None:
+    s = Settings.from_env("orders", env={"STREAMAPP_APP_ID": "other"})
+    assert s.app_id == "orders"
+
+
+def test_from_env_overrides_win_over_environment() -> None:
+    s = Settings.from_env("orders", env={"STREAMAPP_WEB_PORT": "7070"}, web_port=8080)
+    assert s.web_port == 8080
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("STREAMAPP_WEB_PORT", "not-a-port"),
+        ("STREAMAPP_POLL_TIMEOUT_MS", "1.5"),
+        ("STREAMAPP_ENABLE_AUTO_COMMIT", "maybe"),
+        ("STREAMAPP_PUBLISH_TIMEOUT_S", "soon"),
+    ],
+)
+def test_from_env_parse_error_names_the_variable(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=var) as info:
+        Settings.from_env("orders", env={var: raw})
+    assert repr(raw) in str(info.value)
+
+
+def test_from_env_invalid_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="STREAMAPP_WEB_PORT"):
+        Settings.from_env("orders", env={"STREAMAPP_WEB_PORT": "70000"})
+
+
+@pytest.mark.parametrize("raw", ["true", "1", "yes", "ON"])
+def test_enable_auto_commit_from_env_is_refused(raw: str) -> None:
+    with pytest.raises(ConfigError, match="enable_auto_commit") as info:
+        Settings.from_env("orders", env={"STREAMAPP_ENABLE_AUTO_COMMIT": raw})
+    assert "STREAMAPP_ENABLE_AUTO_COMMIT" in str(info.value)
+
+
+def test_enable_auto_commit_is_refused() -> None:
+    with pytest.raises(ConfigError, match="enable_auto_commit"):
+        Settings(app_id="orders", enable_auto_commit=True)
+
+
+@pytest.mark.parametrize("app_id", ["", " ", "   ", "\t\n"])
+def test_blank_app_id_is_refused(app_id: str) -> None:
+    with pytest.raises(ConfigError, match="app_id"):
+        Settings(app_id=app_id)
+
+
+@pytest.mark.parametrize("app_id", [" orders", "orders ", "my orders"])
+def test_app_id_with_whitespace_is_refused(app_id: str) -> None:
+    with pytest.raises(ConfigError, match="app_id"):
+        Settings(app_id=app_id)
+
+
+def test_batch_budget_at_most_half_the_rebalance_timeout() -> None:
+    ok = Settings(app_id="a", batch_budget_ms=30_000, rebalance_timeout_ms=60_000)
+    assert ok.batch_budget_ms == 30_000
+    with pytest.raises(ConfigError, match="batch_budget_ms") as info:
+        Settings(app_id="a", batch_budget_ms=30_001, rebalance_timeout_ms=60_000)
+    assert "rebalance_timeout_ms" in str(info.value)
+
+
+def test_batch_budget_at_most_half_the_max_poll_interval() -> None:
+    with pytest.raises(ConfigError, match="max_poll_interval_ms"):
+        Settings(
+            app_id="a",
+            batch_budget_ms=20_000,
+            rebalance_timeout_ms=100_000,
+            max_poll_interval_ms=39_999,
+        )
+
+
+def test_heartbeat_below_session_timeout() -> None:
+    assert Settings(app_id="a", heartbeat_interval_ms=9_999).heartbeat_interval_ms == 9_999
+    for heartbeat in (10_000, 10_001):
+        with pytest.raises(ConfigError, match="heartbeat_interval_ms") as info:
+            Settings(app_id="a", heartbeat_interval_ms=heartbeat, session_timeout_ms=10_000)
+        assert "session_timeout_ms" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["poll_timeout_ms", "max_batch_records", "replication_factor", "publish_timeout_s"]
+)
+def test_non_positive_values_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Settings(app_id="a", **{name: 0})
+
+
+def test_auto_offset_reset_values() -> None:
+    with pytest.raises(ConfigError, match="auto_offset_reset"):
+        Settings(app_id="a", auto_offset_reset="none")
+
+
+def test_settings_is_frozen() -> None:
+    s = Settings(app_id="orders")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.web_port = 1  # type: ignore[misc]
+    assert s.web_port == 6066
+
+
+def test_with_returns_a_validated_copy() -> None:
+    s = Settings(app_id="orders")
+    t = s.with_(web_port=7000)
+    assert (s.web_port, t.web_port) == (6066, 7000)
+    with pytest.raises(ConfigError, match="enable_auto_commit"):
+        s.with_(enable_auto_commit=True)
+
+
+def test_backoff_delays() -> None:
+    delays = Backoff().delays()
+    assert len(delays) == 9
+    assert delays == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0, 2.0])
+    assert max(delays) == 2.0
+
+
+def test_backoff_edge_cases() -> None:
+    assert Backoff(attempts=1).delays() == []
+    assert Backoff(attempts=3, initial_s=1.0, max_s=1.5).delays() == [1.0, 1.5]
+    with pytest.raises(ConfigError, match="startup_retry"):
+        Settings(app_id="a", startup_retry=Backoff(attempts=0))

@@ -1,0 +1,177 @@
+"""Store contract, run against MemoryStore and RocksStore; RocksStore durability and lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamapp import StoreLockedError
+from streamapp.tables.store import MemoryStore, RocksStore, Store
+
+SPACES = ["meta", "t:a", "t:b"]
+
+
+@pytest.fixture(params=["memory", "rocks"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made: Store
+    if request.param == "memory":
+        made = MemoryStore(SPACES)
+    else:
+        made = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)
+    yield made
+    made.close()
+
+
+class TestStoreContract:
+    def test_empty(self, store: Store) -> None:
+        for space in SPACES:
+            assert store.get(space, b"k") is None
+            assert list(store.items(space)) == []
+
+    def test_write_get_items_per_space(self, store: Store) -> None:
+        store.write({"t:a": {b"k2": b"a2", b"k1": b"a1"}, "t:b": {b"k1": b"b1"}})
+        assert store.get("t:a", b"k1") == b"a1"
+        assert store.get("t:a", b"k2") == b"a2"
+        assert store.get("t:b", b"k1") == b"b1"
+        assert store.get("t:b", b"k2") is None
+        assert store.get("meta", b"k1") is None
+        assert list(store.items("t:a")) == [(b"k1", b"a1"), (b"k2", b"a2")]
+        assert list(store.items("t:b")) == [(b"k1", b"b1")]
+
+    def test_items_in_bytewise_key_order(self, store: Store) -> None:
+        keys = [b"\xff", b"b", b"a", b"\x00\x01", b"aa", b""]
+        store.write({"t:a": {k: b"v" + k for k in keys}})
+        assert [k for k, _ in store.items("t:a")] == sorted(keys)
+
+    def test_overwrite_and_delete(self, store: Store) -> None:
+        store.write({"t:a": {b"k": b"1", b"gone": b"x"}})
+        store.write({"t:a": {b"k": b"2", b"gone": None, b"never": None}})
+        assert store.get("t:a", b"k") == b"2"
+        assert store.get("t:a", b"gone") is None
+        assert store.get("t:a", b"never") is None
+        assert list(store.items("t:a")) == [(b"k", b"2")]
+
+    def test_binary_keys_and_values(self, store: Store) -> None:
+        key, value = bytes(range(256)), b"\x00" * 10 + b"\xff"
+        store.write({"t:b": {key: value}})
+        assert store.get("t:b", key) == value
+
+    def test_multi_space_write(self, store: Store) -> None:
+        store.write(
+            {
+                "t:a": {b"x": b"1"},
+                "t:b": {b"y": b"2"},
+                "meta": {b"checkpoint": b'{"offset": 7}'},
+            }
+        )
+        assert store.get("t:a", b"x") == b"1"
+        assert store.get("t:b", b"y") == b"2"
+        assert store.get("meta", b"checkpoint") == b'{"offset": 7}'
+
+    def test_empty_write_changes_nothing(self, store: Store) -> None:
+        store.write({"t:a": {b"x": b"1"}})
+        store.write({})
+        store.write({"t:a": {}, "t:b": {}})
+        assert list(store.items("t:a")) == [(b"x", b"1")]
+
+    def test_failed_write_is_all_or_nothing(self, store: Store) -> None:
+        store.write({"t:a": {b"x": b"old"}})
+        with pytest.raises(KeyError):
+            store.write({"t:a": {b"x": b"new", b"y": b"new"}, "no-such-space": {b"z": b"1"}})
+        assert store.get("t:a", b"x") == b"old"
+        assert store.get("t:a", b"y") is None
+
+
+# --- RocksStore only -------------------------------------------------------------
+
+
+def test_rocks_durable_across_close_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    first = RocksStore(path, SPACES, open_timeout_s=1)
+    first.write({"t:a": {b"k": b"v", b"del": b"x"}, "meta": {b"checkpoint": b"c1"}})
+    first.write({"t:a": {b"del": None}, "t:b": {b"k": b"w"}})
+    first.close()
+    again = RocksStore(path, SPACES, open_timeout_s=1)
+    try:
+        assert again.get("t:a", b"k") == b"v"
+        assert again.get("t:a", b"del") is None
+        assert again.get("t:b", b"k") == b"w"
+        assert again.get("meta", b"checkpoint") == b"c1"
+        assert list(again.items("t:a")) == [(b"k", b"v")]
+    finally:
+        again.close()
+
+
+def test_rocks_reopen_with_a_new_space(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    first = RocksStore(path, ["meta"], open_timeout_s=1)
+    first.write({"meta": {b"k": b"v"}})
+    first.close()
+    again = RocksStore(path, ["meta", "t:new"], open_timeout_s=1)
+    try:
+        assert again.get("meta", b"k") == b"v"
+        again.write({"t:new": {b"a": b"b"}})
+        assert again.get("t:new", b"a") == b"b"
+    finally:
+        again.close()
+
+
+def test_rocks_values_are_raw_bytes_not_pickled(tmp_path: Path) -> None:
+    from rocksdict import Options, Rdict
+
+    path = tmp_path / "db"
+    store = RocksStore(path, ["meta"], open_timeout_s=1)
+    store.write({"meta": {b"k": b"plain"}})
+    store.close()
+    opts = Options(raw_mode=True)
+    db = Rdict(str(path), opts, column_families={"meta": Options(raw_mode=True)})
+    try:
+        assert db.get_column_family("meta")[b"k"] == b"plain"
+    finally:
+        db.close()
+
+
+def test_rocks_second_open_times_out_with_store_locked(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    first = RocksStore(path, SPACES, open_timeout_s=1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreLockedError) as info:
+            RocksStore(path, SPACES, open_timeout_s=0.3)
+        elapsed = time.monotonic() - started
+        assert 0.3 <= elapsed < 2.0
+        assert str(path) in str(info.value)
+        assert "store_open_timeout_s" in str(info.value)
+        assert info.value.retriable is True
+    finally:
+        first.close()
+
+
+def test_rocks_second_open_succeeds_when_first_closes_in_time(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    first = RocksStore(path, SPACES, open_timeout_s=1)
+    first.write({"t:a": {b"k": b"from-first"}})
+    closer = threading.Timer(0.2, first.close)
+    started = time.monotonic()
+    closer.start()
+    try:
+        second = RocksStore(path, SPACES, open_timeout_s=3)
+    finally:
+        closer.join()
+    try:
+        assert time.monotonic() - started >= 0.2
+        assert second.get("t:a", b"k") == b"from-first"
+    finally:
+        second.close()
+
+
+def test_rocks_close_is_idempotent(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)
+    store.close()
+    store.close()
+    reopened = RocksStore(tmp_path / "db", SPACES, open_timeout_s=0.3)
+    reopened.close()
