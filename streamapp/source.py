@@ -18,9 +18,30 @@ from .events import Event
 Headers = Sequence[tuple[str, bytes]]
 
 
+class Record(Protocol):
+    """One message as the broker gave it. ``offset`` orders it within its partition.
+
+    aiokafka's ConsumerRecord has this shape already, so Kafka records pass through
+    without a copy; other sources build :class:`Message` values.
+    """
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Headers: ...
+
+
 @dataclass(frozen=True, slots=True)
-class Record:
-    """One message as the broker gave it. ``offset`` orders it within its partition."""
+class Message:
+    """A plain :class:`Record`."""
 
     topic: str
     partition: int

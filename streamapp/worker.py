@@ -38,8 +38,8 @@ class Worker:
         self._stop = asyncio.Event()
 
     async def start(self) -> None:
-        await with_startup_retry(self.settings, "Kafka producer", self.sink.start)
         try:
+            await with_startup_retry(self.settings, "Kafka producer", self.sink.start)
             await self.source.start()
         except BaseException:
             await self.sink.stop()

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
 from ..errors import DecodeError
-from ..events import CORE, OPTIONAL, REQUIRED, SPECVERSION, Event, is_json_type
+from ..events import REQUIRED, SPECVERSION, Event, is_json_type
 
 Headers = Sequence[tuple[str, bytes]]
 STRUCTURED = "application/cloudevents"
@@ -25,13 +25,19 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers) -> Event:
     """The CloudEvent in one Kafka record, or :class:`DecodeError` saying why not."""
     content_type: str | None = None
     attrs: dict[str, str] = {}
-    for name, raw in headers:
-        lname = name.lower()
-        if lname == "content-type":
-            content_type = _text(name, raw)
-        elif lname.startswith("ce_"):
-            attrs[lname[3:]] = _text(name, raw)
-    if content_type is not None and content_type.lower().startswith(STRUCTURED):
+    try:
+        for name, raw in headers:
+            if name[:3] == "ce_":  # the binding writes lower case: the fast path
+                attrs[name[3:]] = raw.decode()
+                continue
+            lname = name.lower()
+            if lname == "content-type":
+                content_type = raw.decode()
+            elif lname[:3] == "ce_":
+                attrs[lname[3:]] = raw.decode()
+    except (UnicodeDecodeError, AttributeError):
+        _bad_header(headers)
+    if content_type is not None and content_type[:23].lower() == STRUCTURED:
         return _structured(content_type, value)
     if not attrs:
         raise DecodeError("not a CloudEvent: no ce_ headers and no structured content-type")
@@ -112,25 +118,40 @@ def _structured(content_type: str, value: bytes | None) -> Event:
 
 
 def _event(attrs: dict[str, str], data: Any) -> Event:
-    missing = [name for name in REQUIRED if not attrs.get(name)]
-    if missing:
-        raise DecodeError(f"CloudEvent lacks required attribute(s): {', '.join(missing)}")
-    if attrs["specversion"] != SPECVERSION:
-        raise DecodeError(f"unsupported specversion {attrs['specversion']!r} (want 1.0)")
+    """The Event of decoded attributes; ``attrs`` is consumed (what remains: extensions)."""
+    pop = attrs.pop
+    try:
+        event_id, source, type_, spec = pop("id"), pop("source"), pop("type"), pop("specversion")
+    except KeyError:
+        missing = [name for name in REQUIRED if not attrs.get(name)]
+        raise DecodeError(f"CloudEvent lacks required attribute(s): {', '.join(missing)}") from None
+    if not (event_id and source and type_ and spec):
+        empty = [n for n, v in zip(REQUIRED, (event_id, source, type_, spec), strict=True) if not v]
+        raise DecodeError(f"CloudEvent lacks required attribute(s): {', '.join(empty)}")
+    if spec != SPECVERSION:
+        raise DecodeError(f"unsupported specversion {spec!r} (want 1.0)")
     version = attrs.get("streamversion")
     if version is not None and not (version.isascii() and version.isdigit() and int(version) >= 1):
         raise DecodeError(f"streamversion {version!r} is not a positive integer")
-    ext = {k: v for k, v in attrs.items() if k not in CORE}
-    opt = {k: attrs.get(k) for k in OPTIONAL}
     return Event(
-        id=attrs["id"],
-        source=attrs["source"],
-        type=attrs["type"],
-        specversion=SPECVERSION,
-        data=data,
-        extensions=ext,
-        **opt,
+        event_id,
+        source,
+        type_,
+        SPECVERSION,
+        pop("subject", None),
+        pop("time", None),
+        pop("datacontenttype", None),
+        pop("dataschema", None),
+        data,
+        attrs,
     )
+
+
+def _bad_header(headers: Headers) -> NoReturn:
+    for name, raw in headers:
+        if name.lower()[:3] == "ce_" or name.lower() == "content-type":
+            _text(name, raw)
+    raise DecodeError("malformed headers")
 
 
 def _text(name: str, raw: bytes | None) -> str:

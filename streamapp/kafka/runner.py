@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -90,14 +89,12 @@ class PartitionRunner:
     def accepting(self) -> bool:
         return self.state == READY
 
-    def feed(self, records: list[Any]) -> None:
+    def feed(self, records: list[Record]) -> None:
         """Take fetched records: process them in the background with the partition paused."""
         start = self.next_offset or 0
-        recs = [
-            Record(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
-            for r in records
-            if r.offset >= start
-        ]
+        recs: list[Record] = records
+        if records and records[0].offset < start:  # already applied (a seek raced)
+            recs = [r for r in records if r.offset >= start]
         if not recs:
             return
         self.state = BUSY
@@ -123,14 +120,26 @@ class PartitionRunner:
         if not agent.tables:
             return
         path = Path(settings.data_dir) / self.app.id / agent.name / str(self.tp.partition)
-        store = await asyncio.to_thread(
-            RocksStore, path, spaces_for(agent.tables), open_timeout_s=settings.store_open_timeout_s
+        opening = asyncio.ensure_future(
+            asyncio.to_thread(
+                RocksStore,
+                path,
+                spaces_for(agent.tables),
+                open_timeout_s=settings.store_open_timeout_s,
+            )
         )
+        try:  # the open may wait for a previous owner's lock: off the loop
+            store = await asyncio.shield(opening)
+        except asyncio.CancelledError:  # revoked meanwhile: close it once it is open
+            opening.add_done_callback(_close_when_opened)
+            raise
         self.tables = PartitionTables(agent.tables, store, self.tp.partition)
         topics = self.app.changelog_topics(agent)
         self._writer = await self._start_writer()
         started = time.monotonic()
-        self.restored = await restore(self.tables, topics, settings.kafka_bootstrap)
+        self.restored = await restore(
+            self.tables, topics, settings.kafka_bootstrap, label=self.name
+        )
         if self.restored:
             log.info(
                 "restored %s: %d changelog records in %.2fs",
@@ -169,6 +178,7 @@ class PartitionRunner:
         else:
             offset = await self.consumer.position(self.tp)
         self.next_offset = self.start_offset = offset
+        self._reseek = False
         self.state = READY
         self.consumer.resume(self.tp)
         log.info("ready %s at offset %d", self.name, offset)
@@ -235,7 +245,9 @@ class PartitionRunner:
             batch = tables.take_batch(next_offset)
             positions = await self._writer.write(batch)
             checkpoint = tables.checkpoint.advanced(next_offset, positions)
-            await asyncio.to_thread(tables.write, batch, checkpoint)
+            # Synchronous on purpose: rocksdict holds the GIL while writing, so a thread
+            # would not free the loop, and a write must never race the store's close.
+            tables.write(batch, checkpoint)
         self.next_offset = next_offset
         self.processed += result.settled
         await self._commit(next_offset)
@@ -281,3 +293,8 @@ class PartitionRunner:
             return False
         log.warning("%s: parked offset %d to %s: %s", self.name, record.offset, destination, reason)
         return True
+
+
+def _close_when_opened(opening: asyncio.Future[RocksStore]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()

@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 async def create_topics(app: App, settings: Settings) -> list[str]:
     """Create every topic of ``app.topic_plan()`` that is missing; returns those created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await with_startup_retry(settings, "topic admin", admin.start)
     replication_factor = settings.replication_factor
     try:
+        await with_startup_retry(settings, "topic admin", admin.start)
         existing = set(await admin.list_topics())
         missing = [p for p in app.topic_plan() if p.name not in existing]
         if not missing:
@@ -46,8 +46,8 @@ async def create_topics(app: App, settings: Settings) -> list[str]:
 async def partition_counts(settings: Settings, names: list[str]) -> dict[str, int]:
     """Partition count of each existing topic among ``names`` (missing ones are absent)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await with_startup_retry(settings, "topic check", admin.start)
     try:
+        await with_startup_retry(settings, "topic check", admin.start)
         described = await admin.describe_topics(names)
     finally:
         await admin.close()

@@ -23,7 +23,7 @@ from ..events import Event
 from ..kafka import codec
 from ..kafka.source import partition_for
 from ..outcomes import Outcome, Park
-from ..source import Record
+from ..source import Message, Record
 from ..tables.partition import PartitionTables, spaces_for
 from ..tables.store import MemoryStore
 
@@ -34,14 +34,14 @@ class MemoryBroker:
     def __init__(self, app: App, *, max_attempts: int = 10) -> None:
         self.app = app
         self.max_attempts = max_attempts
-        self.topics: dict[str, list[list[Record]]] = {}
+        self.topics: dict[str, list[list[Message]]] = {}
         self._tables: dict[tuple[str, int], PartitionTables] = {}
         self._positions: dict[tuple[str, int], int] = {}
         for plan in app.topic_plan():
             if plan.role != "changelog":
                 self.topics[plan.name] = [[] for _ in range(plan.partitions)]
 
-    def send(self, topic: str, event: Event) -> Record:
+    def send(self, topic: str, event: Event) -> Message:
         """Append ``event`` (binary content mode, keyed by stream id) to ``topic``."""
         key, value, headers = codec.encode(event)
         return self.send_raw(topic, value, key=key, headers=headers)
@@ -53,15 +53,15 @@ class MemoryBroker:
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
-    ) -> Record:
+    ) -> Message:
         """Append any record, CloudEvent or not, to ``topic``."""
         partitions = self._topic(topic)
         p = partition_for(key, len(partitions)) if key is not None else 0
-        record = Record(topic, p, len(partitions[p]), key, value, tuple(headers))
+        record = Message(topic, p, len(partitions[p]), key, value, tuple(headers))
         partitions[p].append(record)
         return record
 
-    def records(self, topic: str) -> list[Record]:
+    def records(self, topic: str) -> list[Message]:
         """Every record of ``topic``, partition by partition (e.g. a parking topic)."""
         return [r for part in self._topic(topic) for r in part]
 
@@ -124,7 +124,7 @@ class MemoryBroker:
             self._tables[key] = PartitionTables(agent.tables, store, p)
         return self._tables[key]
 
-    def _topic(self, topic: str) -> list[list[Record]]:
+    def _topic(self, topic: str) -> list[list[Message]]:
         if topic not in self.topics:
             raise KeyError(f"topic {topic!r} is not declared by app {self.app.id!r}")
         return self.topics[topic]

@@ -9,7 +9,6 @@ ever applied as if it were whole.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -20,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from .changelog import CHECKPOINT, DATA, VERSION
 from .partition import CHECKPOINT_KEY, META, Checkpoint, PartitionTables
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("streamapp.partition")
 
 CHUNK = 5000
 
@@ -30,6 +29,7 @@ async def restore(
     topics: dict[str, str],
     bootstrap: str,
     *,
+    label: str = "",
     stall_timeout_s: float = 60.0,
 ) -> int:
     """Bring ``tables`` up to its changelogs; returns the number of records applied."""
@@ -49,6 +49,9 @@ async def restore(
             consumer.seek(tp, cp.changelog.get(name, 0))
         ends = await consumer.end_offsets(list(by_tp))
         pending = {tp for tp in by_tp if cp.changelog.get(by_tp[tp], 0) < ends[tp]}
+        behind = sum(ends[tp] - cp.changelog.get(by_tp[tp], 0) for tp in pending)
+        if behind:
+            log.info("restoring %s: up to %d changelog records", label, behind)
         applied = 0
         last_progress = time.monotonic()
         while pending:
@@ -67,7 +70,7 @@ async def restore(
                 names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in pending)
                 raise TimeoutError(f"restore of {names} made no progress for {stall_timeout_s}s")
             changes[META] = {CHECKPOINT_KEY: _settled(cp).encode()}
-            await asyncio.to_thread(tables.store.write, changes)
+            tables.store.write(changes)  # holds the GIL anyway; never races close()
         tables.checkpoint = _settled(cp)
         if not by_tp:
             return 0

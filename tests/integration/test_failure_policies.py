@@ -19,7 +19,7 @@ from streamapp.kafka.source import partition_for
 from streamapp.kafka.topics import create_topics as create_app_topics
 from streamapp.worker import Worker
 
-from .harness import WorkerProc, create_topics, read_table, wait_caught_up, wait_ready
+from .harness import WorkerProc, create_topics, lag, read_table, wait_caught_up, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -150,5 +150,52 @@ async def test_redeliver_applies_once_and_other_partitions_flow(
         assert seen_while_stuck  # the other partitions finished while partition 0 waited
         assert calls[flaky_id] == 3
         assert all(n == 1 for eid, n in calls.items() if eid != flaky_id)
+    finally:
+        await worker.stop()
+
+
+async def test_a_slow_batch_is_cut_by_the_budget_and_flushed_in_parts(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    ns = f"budget{uuid.uuid4().hex[:6]}-"
+    app = App(
+        f"{ns}app",
+        kafka_bootstrap=kafka_bootstrap,
+        data_dir=tmp_path,
+        web_port=0,
+        batch_budget_ms=300,
+    )
+    topic = app.topic(f"{ns}in", partitions=1)
+    seen: Table[int] = Table("seen")
+
+    @app.agent(topic, tables=[seen])
+    async def slow(event: Event, counts: TableView[int]) -> None:
+        await asyncio.sleep(0.02)  # 60 events: ~1.2 s of work, four budgets
+        sid = event.stream_id
+        assert sid is not None
+        counts[sid] = counts.get(sid, 0) + 1
+
+    settings = app.settings()
+    await create_app_topics(app, settings)
+    events = [Event.create("e", stream_id=f"k{i % 3}", data={}) for i in range(60)]
+    await _send_raw(kafka_bootstrap, topic.name, [codec.encode(e) for e in events])  # type: ignore[misc]
+
+    worker = Worker(app, settings)
+    await worker.start()
+    try:
+        behind: list[int] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            behind.append(await lag(kafka_bootstrap, app.id, topic.name))
+            if behind[-1] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert behind[-1] == 0
+        partial = {n for n in behind if 0 < n < 60}
+        assert len(partial) >= 2, behind  # committed in several parts, not once at the end
+        runner = next(iter(worker.source.runners.values()))
+        assert runner.tables is not None
+        view = runner.tables.views[0]
+        assert [view.get(f"k{i}") for i in range(3)] == [20, 20, 20]
     finally:
         await worker.stop()

@@ -1,0 +1,56 @@
+"""The command line and worker start-up: bad input gets a clear error, no broker needed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from streamapp import App, Backoff, Event, Table, TableView
+from streamapp.cli import main
+from streamapp.errors import BrokerUnavailableError
+from streamapp.worker import Worker
+
+
+def test_worker_refuses_auto_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMAPP_ENABLE_AUTO_COMMIT", "true")
+    result = CliRunner().invoke(main, ["worker", "-A", "agents.orders:app"])
+    assert result.exit_code != 0
+    assert "enable_auto_commit" in result.output
+    assert "STREAMAPP_ENABLE_AUTO_COMMIT" in result.output
+
+
+def test_worker_names_a_bad_app_reference() -> None:
+    result = CliRunner().invoke(main, ["worker", "-A", "agents.nope:app"])
+    assert result.exit_code != 0
+    assert "cannot import 'agents.nope'" in result.output
+    result = CliRunner().invoke(main, ["worker", "-A", "agents.orders"])
+    assert "MODULE:ATTRIBUTE" in result.output
+    result = CliRunner().invoke(main, ["worker", "-A", "agents.orders:ORDER_EVENTS"])
+    assert "is not a streamapp App" in result.output
+
+
+def test_topics_list_shows_the_plan() -> None:
+    result = CliRunner().invoke(main, ["topics", "list", "-A", "agents.orders:app"])
+    assert result.exit_code == 0, result.output
+    lines = [line.split("\t") for line in result.output.splitlines()]
+    assert ["orders", "8 partitions", "source"] in lines
+    assert ["orders-order_status-changelog", "8 partitions", "changelog"] in lines
+    assert ["orders.parked", "8 partitions", "parking"] in lines
+
+
+async def test_start_gives_up_after_the_retry_budget_and_names_the_setting() -> None:
+    app = App("nobroker")
+    table: Table[int] = Table("t")
+
+    @app.agent(app.topic("in", partitions=1), tables=[table])
+    async def agent(event: Event, t: TableView[int]) -> None: ...
+
+    settings = app.settings(
+        kafka_bootstrap="127.0.0.1:1", startup_retry=Backoff(attempts=3, initial_s=0.01, max_s=0.02)
+    )
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match=r"kafka_bootstrap.*after 3 attempts"):
+        await Worker(app, settings).start()
+    assert time.monotonic() - started < 10
