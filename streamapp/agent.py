@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -73,6 +74,11 @@ class BatchResult:
         return self.failure is not None
 
 
+_DELIVERED = Handled(Outcome.DELIVERED)
+_DUPLICATE = Handled(Outcome.FILTERED, "already applied")
+_FILTERED = Handled(Outcome.FILTERED, "filter")
+
+
 async def handle(
     agent: Agent, item: Event | DecodeError, tables: PartitionTables | None
 ) -> Handled:
@@ -86,25 +92,34 @@ async def handle(
             Outcome.NOT_DELIVERABLE,
             f"event {event.id} has no stream id (neither a streamid extension nor a subject)",
         )
-    if agent.filter is not None and not agent.filter(event):
-        return Handled(Outcome.FILTERED, "filter")
     version = event.stream_version
     if tables is not None and version is not None and tables.applied_version(sid) >= version:
-        return Handled(Outcome.FILTERED, "already applied")
+        return _DUPLICATE
     try:
+        if agent.filter is not None and not agent.filter(event):
+            return _FILTERED
         if tables is None:
             await agent.handler(event)
         else:
             await agent.handler(event, *tables.views)
     except Exception as exc:
-        if tables is not None:
-            tables.rollback_event()
-        return Handled(Outcome.FAILED, f"{type(exc).__name__}: {exc}")
+        return _failed(tables, exc)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # a real cancellation of the batch
+        return _failed(tables, exc)  # a handler's own timeout leaking out
     if tables is not None:
         if version is not None:
             tables.record_version(sid, version)
         tables.commit_event()
-    return Handled(Outcome.DELIVERED)
+    return _DELIVERED
+
+
+def _failed(tables: PartitionTables | None, exc: BaseException) -> Handled:
+    if tables is not None:
+        tables.rollback_event()
+    return Handled(Outcome.FAILED, f"{type(exc).__name__}: {exc}")
 
 
 async def run_batch(
@@ -123,10 +138,14 @@ async def run_batch(
     """
     deadline = time.monotonic() + budget_s
     counts: dict[Outcome, int] = {}
+    delivered = 0  # the common case, counted without hashing an enum
     for i, record in enumerate(records):
         if i and time.monotonic() > deadline:
-            return BatchResult(i, out_of_time=True, counts=counts)
+            return BatchResult(i, out_of_time=True, counts=_counts(counts, delivered))
         handled = await handle(agent, decode_record(decode, record), tables)
+        if handled is _DELIVERED:
+            delivered += 1
+            continue
         counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
         if handled.outcome.settles:
             continue
@@ -142,5 +161,11 @@ async def run_batch(
             handled.outcome.value,
             handled.reason,
         )
-        return BatchResult(i, failure=handled, counts=counts)
-    return BatchResult(len(records), counts=counts)
+        return BatchResult(i, failure=handled, counts=_counts(counts, delivered))
+    return BatchResult(len(records), counts=_counts(counts, delivered))
+
+
+def _counts(counts: dict[Outcome, int], delivered: int) -> dict[Outcome, int]:
+    if delivered:
+        counts[Outcome.DELIVERED] = counts.get(Outcome.DELIVERED, 0) + delivered
+    return counts

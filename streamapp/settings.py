@@ -53,8 +53,9 @@ class Settings:
     rebalance_timeout_ms: int = 60_000
     publish_timeout_s: float = 30.0
     replication_factor: int = 1
-    shutdown_timeout_s: float = 30.0
+    shutdown_timeout_s: float = 45.0
     store_open_timeout_s: float = 30.0
+    restore_stall_timeout_s: float = 60.0
     startup_retry: Backoff = field(default_factory=Backoff)
 
     def __post_init__(self) -> None:
@@ -116,7 +117,12 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be positive")
-        for name in ("publish_timeout_s", "shutdown_timeout_s", "store_open_timeout_s"):
+        for name in (
+            "publish_timeout_s",
+            "shutdown_timeout_s",
+            "store_open_timeout_s",
+            "restore_stall_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be positive")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
@@ -129,6 +135,12 @@ class Settings:
             )
         if self.batch_budget_ms * 2 > self.max_poll_interval_ms:
             raise bad("batch_budget_ms", "must be at most half of max_poll_interval_ms")
+        if self.shutdown_timeout_s <= self.rebalance_timeout_ms / 2000:
+            raise bad(
+                "shutdown_timeout_s",
+                "must exceed half of rebalance_timeout_ms (the time a partition may take to "
+                "finish its batch when it is revoked), or a stopping worker cannot drain",
+            )
         if self.startup_retry.attempts < 1:
             raise ConfigError("setting startup_retry.attempts must be at least 1")
 

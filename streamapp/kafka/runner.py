@@ -8,12 +8,13 @@ consumer, so the loop keeps polling (heartbeats, other partitions) meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
 
 from ..agent import Agent, BatchResult, run_batch
 from ..app import App
@@ -28,7 +29,10 @@ from .sink import KafkaSink
 
 log = logging.getLogger("streamapp.partition")
 
-RESTORING, READY, BUSY, CLOSED = "restoring", "ready", "busy", "closed"
+RESTORING, READY, BUSY, CLOSED, LOST = "restoring", "ready", "busy", "closed", "lost"
+FENCED = (ProducerFenced, InvalidProducerEpoch)
+"""Another worker's changelog writer took over: this worker no longer owns the partition."""
+RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0
 
 
 class PartitionRunner:
@@ -56,6 +60,7 @@ class PartitionRunner:
         self._opening: asyncio.Task[None] | None = None
         self._batch: asyncio.Task[None] | None = None
         self._reseek = False
+        self._closing = asyncio.Event()
 
     # lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -66,6 +71,7 @@ class PartitionRunner:
     async def close(self) -> None:
         """Finish the batch in hand (it flushes and commits), then close the store."""
         self.state = CLOSED
+        self._closing.set()  # ends a redelivery pause and stops between chunks
         batch = self._batch
         if batch is not None and not batch.done():
             budget = self.settings.rebalance_timeout_ms / 2000
@@ -73,17 +79,30 @@ class PartitionRunner:
                 await asyncio.wait_for(asyncio.shield(batch), budget)
             except Exception as exc:
                 log.warning(
-                    "revoked %s: batch did not finish in %.0fs (%r)", self.name, budget, exc
+                    "revoked %s: batch did not finish in %.0fs (setting rebalance_timeout_ms): %r",
+                    self.name,
+                    budget,
+                    exc,
                 )
         for task in (self._opening, batch):
             if task is not None and not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._writer is not None:
-            await self._writer.stop()
-        if self.tables is not None:
-            self.tables.store.close()
+        await self._release_resources()
         log.info("revoked %s at offset %s", self.name, self.next_offset)
+
+    async def _release_resources(self) -> None:
+        """Stop the changelog writer and close the store, whatever fails on the way."""
+        writer, self._writer = self._writer, None
+        tables, self.tables = self.tables, None
+        try:
+            if writer is not None:
+                await writer.stop()
+        except Exception as exc:
+            log.warning("%s: stopping the changelog writer failed: %r", self.name, exc)
+        finally:
+            if tables is not None:
+                tables.store.close()
 
     @property
     def accepting(self) -> bool:
@@ -100,6 +119,12 @@ class PartitionRunner:
         self.state = BUSY
         self.consumer.pause(self.tp)
         self._batch = asyncio.create_task(self._process(recs), name=f"batch {self.name}")
+        self._batch.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: batch task died: %r", self.name, task.exception())
+            self.state = LOST
 
     def dropped(self) -> None:
         """Records arrived while not accepting: seek to our position before resuming."""
@@ -107,13 +132,24 @@ class PartitionRunner:
 
     # restore -----------------------------------------------------------------------
     async def _open(self) -> None:
-        try:
-            await self._open_tables()
-            await self._ready()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("%s: could not open its tables; will retry on next assignment", self.name)
+        """Open, restore and get ready, retrying with back-off: a partition is never left
+        paused without an owner task (a lock still held, a broker hiccup, a slow restore)."""
+        delay = RETRY_MIN_S
+        while self.state == RESTORING:
+            try:
+                await self._open_tables()
+                await self._ready()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error(
+                    "%s: opening its tables failed (%r); retrying in %.1fs", self.name, exc, delay
+                )
+                await self._release_resources()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), delay)
+                delay = min(delay * 2, RETRY_MAX_S)
 
     async def _open_tables(self) -> None:
         agent, settings = self.agent, self.settings
@@ -138,7 +174,11 @@ class PartitionRunner:
         self._writer = await self._start_writer()
         started = time.monotonic()
         self.restored = await restore(
-            self.tables, topics, settings.kafka_bootstrap, label=self.name
+            self.tables,
+            topics,
+            settings.kafka_bootstrap,
+            label=self.name,
+            stall_timeout_s=settings.restore_stall_timeout_s,
         )
         if self.restored:
             log.info(
@@ -158,7 +198,11 @@ class PartitionRunner:
             self.tp.partition,
             self.settings.publish_timeout_s,
         )
-        await writer.start()
+        try:
+            await writer.start()
+        except BaseException:
+            await writer.stop()
+            raise
         return writer
 
     async def _ready(self) -> None:
@@ -190,6 +234,8 @@ class PartitionRunner:
         try:
             size = settings.max_batch_records
             for i in range(0, len(records), size):
+                if self.state != BUSY:  # revoked: the next owner starts at our checkpoint
+                    return
                 chunk = records[i : i + size]
                 result = await run_batch(
                     self.agent,
@@ -201,36 +247,40 @@ class PartitionRunner:
                 )
                 await self._settle(chunk, result)
                 if result.settled < len(chunk):
-                    self.consumer.seek(self.tp, chunk[result.settled].offset)
-                    self._reseek = False
+                    self._seek(chunk[result.settled].offset)
                     if result.redeliver:
                         policy_pause = getattr(self.agent.on_failure, "pause_s", None)
                         pause_s = policy_pause or settings.poll_timeout_ms / 1000
                     break
-        except asyncio.CancelledError:
-            raise
+        except FENCED as exc:
+            self.state = LOST
+            log.error(
+                "%s: another worker's changelog writer fenced ours (%r): this worker no "
+                "longer owns the partition; it stays paused until the group revokes it",
+                self.name,
+                exc,
+            )
+            return
         except Exception as exc:
             log.error(
                 "%s: batch failed, rewinding to offset %s: %r", self.name, self.next_offset, exc
             )
-            pause_s = settings.poll_timeout_ms / 1000
-            try:
-                await self._rewind()
-            except Exception as again:
-                log.error(
-                    "%s: rewind failed (%r); the partition stops until reassigned", self.name, again
-                )
-                self.state = CLOSED
+            if not await self._rewind():
                 return
+            pause_s = settings.poll_timeout_ms / 1000
         if pause_s:
-            await asyncio.sleep(pause_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), pause_s)
         if self.state != BUSY:
             return
         if self._reseek and self.next_offset is not None:
-            self.consumer.seek(self.tp, self.next_offset)
-            self._reseek = False
+            self._seek(self.next_offset)
         self.state = READY
         self.consumer.resume(self.tp)
+
+    def _seek(self, offset: int) -> None:
+        self.consumer.seek(self.tp, offset)
+        self._reseek = False
 
     async def _settle(self, chunk: list[Record], result: BatchResult) -> None:
         """Flush the settled prefix: changelog, then store, then the consumer offset."""
@@ -263,15 +313,28 @@ class PartitionRunner:
                 exc,
             )
 
-    async def _rewind(self) -> None:
-        """After a failed flush: drop the batch, restart the changelog writer, seek back."""
-        if self.tables is not None:
-            self.tables.take_batch(0)
-            assert self._writer is not None
-            await self._writer.stop()
-            self._writer = await self._start_writer()
-        if self.next_offset is not None:
-            self.consumer.seek(self.tp, self.next_offset)
+    async def _rewind(self) -> bool:
+        """After a failed flush: drop the batch, restart the changelog writer (a failed
+        transaction leaves it unusable), seek back to the checkpoint. Retries with
+        back-off while the partition is ours; False once it is not."""
+        delay = RETRY_MIN_S
+        while self.state == BUSY:
+            try:
+                if self.tables is not None:
+                    self.tables.take_batch(0)
+                    writer, self._writer = self._writer, None
+                    if writer is not None:
+                        await writer.stop()
+                    self._writer = await self._start_writer()
+                if self.next_offset is not None:
+                    self._seek(self.next_offset)
+                return True
+            except Exception as exc:
+                log.error("%s: rewind failed (%r); retrying in %.1fs", self.name, exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+        return False
 
     async def _park(self, record: Record, reason: str) -> bool:
         policy = self.agent.on_failure

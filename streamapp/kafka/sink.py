@@ -45,4 +45,7 @@ class KafkaSink:
             )
             await asyncio.wait_for(fut, self.timeout_s)
         except Exception as exc:
-            raise PublishError(f"publish to topic {topic!r} not confirmed: {exc!r}") from exc
+            raise PublishError(
+                f"publish to topic {topic!r} not confirmed within {self.timeout_s:.0f}s "
+                f"(setting publish_timeout_s): {exc!r}"
+            ) from exc

@@ -52,6 +52,7 @@ class KafkaSource:
             session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             rebalance_timeout_ms=settings.rebalance_timeout_ms,
+            isolation_level="read_committed",  # aborted upstream writes never reach agents
             partition_assignment_strategy=(RoundRobinPartitionAssignor,),
         )
         self._loop_task: asyncio.Task[None] | None = None
@@ -71,6 +72,7 @@ class KafkaSource:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._release(list(self.runners))
         await self._consumer.stop()
+        await self._release(list(self.runners))  # any taken during the leave
 
     async def wait(self) -> None:
         """Until the poll loop ends (it raises when the consumer fails for good)."""
@@ -111,14 +113,23 @@ class KafkaSource:
                 continue
             for tp, records in fetched.items():
                 runner = self.runners.get(tp)
-                if runner is None:
+                if runner is None:  # fetched before the listener made its runner
+                    self._rewind_unowned(tp, records[0].offset)
                     continue
                 if runner.state == READY:
                     runner.feed(records)
                 else:
                     runner.dropped()
 
+    def _rewind_unowned(self, tp: TopicPartition, offset: int) -> None:
+        try:
+            self._consumer.seek(tp, offset)
+        except Exception as exc:  # not assigned any more: nothing to rewind
+            log.debug("%s[%d]: no rewind (%r)", tp.topic, tp.partition, exc)
+
     def _acquire(self, assigned: Iterable[TopicPartition]) -> None:
+        if self._stopping:
+            return
         for tp in assigned:
             agent = self._agents.get(tp.topic)
             if agent is None:
@@ -130,7 +141,10 @@ class KafkaSource:
 
     async def _release(self, revoked: Iterable[TopicPartition]) -> None:
         runners = [self.runners.pop(tp) for tp in list(revoked) if tp in self.runners]
-        await asyncio.gather(*(r.close() for r in runners), return_exceptions=True)
+        results = await asyncio.gather(*(r.close() for r in runners), return_exceptions=True)
+        for runner, result in zip(runners, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("closing %s failed: %r", runner.name, result)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -64,6 +64,7 @@ class ChangelogWriter:
         timeout_s: float,
     ) -> None:
         self.topics = topics
+        self.transactional_id = transactional_id
         self.partition = partition
         self.timeout_s = timeout_s
         self._producer = AIOKafkaProducer(
@@ -76,14 +77,27 @@ class ChangelogWriter:
 
     async def start(self) -> None:
         """Start the producer; this fences any previous owner of the partition."""
-        await asyncio.wait_for(self._producer.start(), self.timeout_s)
+        try:
+            await asyncio.wait_for(self._producer.start(), self.timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"changelog writer {self.transactional_id} did not start within "
+                f"{self.timeout_s:.0f}s (setting publish_timeout_s)"
+            ) from None
 
     async def stop(self) -> None:
         await self._producer.stop()
 
     async def write(self, batch: BatchChanges) -> dict[str, int]:
         """Commit ``batch`` to the changelogs; returns each table's next changelog offset."""
-        return await asyncio.wait_for(self._write(batch), self.timeout_s)
+        try:
+            return await asyncio.wait_for(self._write(batch), self.timeout_s)
+        except TimeoutError:
+            topics = ", ".join(f"{t}[{self.partition}]" for t in self.topics.values())
+            raise TimeoutError(
+                f"changelog transaction of {self.transactional_id} to {topics} not committed "
+                f"within {self.timeout_s:.0f}s (setting publish_timeout_s)"
+            ) from None
 
     async def _write(self, batch: BatchChanges) -> dict[str, int]:
         producer = self._producer

@@ -40,8 +40,8 @@ async def restore(
         isolation_level="read_committed",
         auto_offset_reset="earliest",
     )
-    await consumer.start()
     try:
+        await consumer.start()
         by_tp = {TopicPartition(topic, partition): name for name, topic in topics.items()}
         consumer.assign(list(by_tp))
         cp = tables.checkpoint
@@ -68,7 +68,10 @@ async def restore(
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > stall_timeout_s:
                 names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in pending)
-                raise TimeoutError(f"restore of {names} made no progress for {stall_timeout_s}s")
+                raise TimeoutError(
+                    f"restore of {names} made no progress for {stall_timeout_s:.0f}s "
+                    "(setting restore_stall_timeout_s)"
+                )
             changes[META] = {CHECKPOINT_KEY: _settled(cp).encode()}
             tables.store.write(changes)  # holds the GIL anyway; never races close()
         tables.checkpoint = _settled(cp)

@@ -1,8 +1,9 @@
 """Table views: ``GET /tables/{table}/{key}`` answered from the owner's committed state.
 
 A view reads the store, never the open batch, so it shows state consistent with the
-checkpoint. While the key's partition restores here it answers 503 with Retry-After;
-when another worker owns it, 421 (routing to the owner comes with the views issue).
+checkpoint. While the key's partition restores (or is being handed over) here, it
+answers 503 with Retry-After; when another worker owns it, 421 (routing to the owner
+comes with the views issue).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..kafka.runner import RESTORING
+from ..kafka.runner import BUSY, READY
 from ..kafka.source import KafkaSource
 
 
@@ -29,7 +30,7 @@ def make_app(source: KafkaSource, worker_id: str) -> web.Application:
         name, key = request.match_info["table"], request.match_info["key"]
         if name not in source.app.tables:
             return json_response({"error": f"no table named {name!r}"}, 404)
-        agent, table = source.app.tables[name]
+        _, table = source.app.tables[name]
         partition, runner = source.owner_of(name, key)
         if runner is None:
             return json_response(
@@ -39,9 +40,9 @@ def make_app(source: KafkaSource, worker_id: str) -> web.Application:
                 },
                 421,
             )
-        if runner.state == RESTORING or (runner.tables is None and agent.tables):
+        if runner.state not in (READY, BUSY) or runner.tables is None:
             return json_response(
-                {"error": f"partition {partition} of table {name!r} is restoring"},
+                {"error": f"partition {partition} of table {name!r} is {runner.state}"},
                 503,
                 **{"Retry-After": "1"},
             )
@@ -53,7 +54,7 @@ def make_app(source: KafkaSource, worker_id: str) -> web.Application:
 
     async def status(request: web.Request) -> web.Response:
         parts = source.status()
-        ready = all(p["state"] != RESTORING for p in parts.values())
+        ready = all(p["state"] in (READY, BUSY) for p in parts.values())
         return json_response(
             {"worker": worker_id, "app": source.app.id, "ready": ready, "partitions": parts}
         )

@@ -98,7 +98,7 @@ class WorkerProc:
         log.close()
         return self
 
-    def stop(self, timeout: float = 40.0) -> int:
+    def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM and wait: the worker must exit by itself within ``timeout``."""
         assert self.proc is not None
         if self.proc.poll() is None:
@@ -231,21 +231,44 @@ async def wait_ready(worker: WorkerProc, within_s: float = 60.0) -> dict[str, An
     raise AssertionError(f"worker not ready after {within_s}s:\n{worker.log_text()[-3000:]}")
 
 
+async def wait_group_ready(
+    workers: list[WorkerProc], partitions: int, within_s: float = 90.0
+) -> None:
+    """Until the workers together own ``partitions`` partitions, all ready, in one look."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        statuses = [await w.status() for w in workers]
+        owned = sum(len(s["partitions"]) for s in statuses if s)
+        if all(s and s["ready"] for s in statuses) and owned == partitions:
+            return
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"workers not ready together after {within_s}s")
+
+
 async def read_table(workers: list[WorkerProc], table: str, keys: list[str]) -> dict[str, Any]:
     """Each key's value from whichever worker owns it (exactly one must answer)."""
     out: dict[str, Any] = {}
     sem = asyncio.Semaphore(32)
     async with aiohttp.ClientSession() as http:
 
+        async def ask(port: int, key: str) -> tuple[int, Any]:
+            for _ in range(50):  # honour Retry-After (bounded): 503 while restoring
+                async with http.get(f"http://127.0.0.1:{port}/tables/{table}/{key}") as r:
+                    if r.status != 503:
+                        return r.status, await r.json()
+                    assert r.headers["Retry-After"]
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"{key}: still 503 from port {port}")
+
         async def one(key: str) -> None:
             answers = []
             async with sem:
                 for w in workers:
-                    async with http.get(f"http://127.0.0.1:{w.port}/tables/{table}/{key}") as r:
-                        if r.status in (200, 404):
-                            answers.append((r.status, await r.json()))
-                        else:
-                            assert r.status == 421, (r.status, await r.text())
+                    status, body = await ask(w.port, key)
+                    if status in (200, 404):
+                        answers.append((status, body))
+                    else:
+                        assert status == 421, (status, body)
             assert len(answers) == 1, f"{key}: owners answered {answers}"
             status, body = answers[0]
             out[key] = body if status == 200 else None

@@ -18,6 +18,7 @@ from .harness import (
     produce,
     read_table,
     wait_caught_up,
+    wait_group_ready,
     wait_ready,
 )
 
@@ -96,3 +97,36 @@ async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         return {tp.partition: off for tp, off in ends.items()}
     finally:
         await consumer.stop()
+
+
+async def test_sigkill_with_a_survivor_that_takes_over(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The survivor restores the killed worker's partitions from their changelogs, whose
+    last transaction may have been open at the kill: it must be aborted, never applied."""
+    ns = f"takeover{uuid.uuid4().hex[:6]}-"
+    create_topics(kafka_bootstrap, ns)
+    events, expected = order_events(n_orders=1000, n_events=60_000, seed=3)
+    survivor = WorkerProc(kafka_bootstrap, ns, tmp_path / "s", tmp_path / "s.log").start()
+    victim = WorkerProc(kafka_bootstrap, ns, tmp_path / "v", tmp_path / "v.log").start()
+    try:
+        await wait_ready(survivor)
+        await wait_ready(victim)
+        producing = asyncio.create_task(produce(kafka_bootstrap, f"{ns}orders", events, rate=3000))
+        for _ in range(2):
+            await asyncio.sleep(3)
+            victim.kill()
+            await asyncio.sleep(12)  # the session times out: the survivor takes everything
+            victim = WorkerProc(
+                kafka_bootstrap, ns, tmp_path / "v", tmp_path / "v.log", port=victim.port
+            ).start()
+        await producing
+        await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 180, [survivor, victim])
+        await wait_group_ready([survivor, victim], partitions=8)
+        table = await read_table([survivor, victim], "order_status", list(expected))
+        assert_exact(table, expected)
+        assert "restoring " in survivor.log_text()  # it did take partitions over
+    finally:
+        for w in (survivor, victim):
+            if w.alive:
+                w.kill()
