@@ -1,8 +1,11 @@
-"""Benchmark: the order_status projection on one worker vs a raw aiokafka consumer.
+"""Benchmark: the order_status projection in streamapp, Quix Streams and faust-streaming,
+and a raw aiokafka consumer, on the same broker and the same data, in one run.
 
-Both read the same topic on the same broker in the same run, alternating rounds; the
-report gives events/s medians and the ratio (machines here are noisy: compare ratios,
-never a bare time). Not a test: nothing here asserts a timing.
+Rounds alternate the contenders; the report gives events/s medians and ratios (machines
+here are noisy: compare ratios, never a bare time). Not a test: nothing here asserts a
+timing. streamapp always commits its changelog in Kafka transactions, so the rivals run
+in their exactly-once modes too (``--rival-guarantee`` to change). faust-streaming is
+two orders of magnitude slower, so it reads only the first ``--faust-events`` events.
 
     scripts/bench            # or: .venv/bin/python bench/orders_projection.py --events 100000
 """
@@ -14,6 +17,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -117,11 +121,46 @@ async def streamapp_worker(bootstrap: str, topic: str, n_events: int, data_dir: 
         await worker.stop()
 
 
+def rival(
+    name: str, topic: str, events: int, orders: int, guarantee: str
+) -> tuple[float | None, str | None]:
+    """(events/s, warning) of one rival, run by bench/rivals.py in its own process."""
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "rivals.py"),
+        name,
+        "--topic",
+        topic,
+        "--events",
+        str(events),
+        "--orders",
+        str(orders),
+    ]
+    if guarantee == "exactly-once":
+        cmd.append("--exactly-once")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    except subprocess.TimeoutExpired:
+        return None, "timed out after 900 s"
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"failed: {tail} (is the bench extra installed? pip install -e .[bench])"
+    result = json.loads(lines[-1])
+    warning = None if result.get("exact") else f"final state not exact: {result.get('note')}"
+    return float(result["rate"]), warning
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--orders", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rivals", default="quix,faust", help="comma list, or 'none'")
+    parser.add_argument("--faust-events", type=int, default=20_000)
+    parser.add_argument(
+        "--rival-guarantee", choices=("exactly-once", "at-least-once"), default="exactly-once"
+    )
     parser.add_argument(
         "--bootstrap", default=os.environ.get("STREAMAPP_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     )
@@ -130,21 +169,38 @@ async def main() -> None:
     topic = f"bench-orders-{uuid.uuid4().hex[:8]}"
     print(f"producing {args.events} order events over {args.orders} orders to {topic} ...")
     await produce(args.bootstrap, topic, args.events, args.orders)
+    rivals = [r for r in args.rivals.split(",") if r and r != "none"]
     results: dict[str, list[float]] = {"raw aiokafka": [], "streamapp": []}
+    problems: dict[str, str] = {}
     for r in range(args.rounds):
         results["raw aiokafka"].append(await raw_aiokafka(args.bootstrap, topic, args.events))
         with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
             results["streamapp"].append(
                 await streamapp_worker(args.bootstrap, topic, args.events, data_dir)
             )
+        for name in rivals:
+            n = min(args.events, args.faust_events) if name == "faust" else args.events
+            rate, warning = rival(name, topic, n, args.orders, args.rival_guarantee)
+            if warning:
+                problems[name] = warning
+            if rate is not None:
+                results.setdefault(name, []).append(rate)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.0f} ev/s" for k, v in results.items()))
-    medians = {k: statistics.median(v) for k, v in results.items()}
-    ratio = medians["streamapp"] / medians["raw aiokafka"]
+    medians = {k: statistics.median(v) for k, v in results.items() if v}
+    raw = medians["raw aiokafka"]
+    mine = medians["streamapp"]
     print()
-    print(f"{'consumer':<14} {'median ev/s':>12}   rounds")
+    print(f"{'consumer':<14} {'median ev/s':>12} {'/ raw':>7} {'streamapp /':>12}   rounds")
     for name, values in results.items():
-        print(f"{name:<14} {medians[name]:>12,.0f}   " + " ".join(f"{v:,.0f}" for v in values))
-    print(f"ratio streamapp / raw aiokafka: {ratio:.2f}")
+        med = medians[name]
+        print(
+            f"{name:<14} {med:>12,.0f} {med / raw:>7.2f} {mine / med:>12.2f}   "
+            + " ".join(f"{v:,.0f}" for v in values)
+        )
+    for name, why in problems.items():
+        print(f"{name:<14} warning: {why}")
+    ratio = mine / raw
+    print(f"ratio streamapp / raw aiokafka: {ratio:.2f}  (rivals: {args.rival_guarantee})")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -156,6 +212,8 @@ async def main() -> None:
                 "rounds": results,
                 "medians": medians,
                 "ratio": ratio,
+                "rival_guarantee": args.rival_guarantee,
+                "problems": problems,
             },
             indent=2,
         )

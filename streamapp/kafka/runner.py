@@ -104,10 +104,6 @@ class PartitionRunner:
             if tables is not None:
                 tables.store.close()
 
-    @property
-    def accepting(self) -> bool:
-        return self.state == READY
-
     def feed(self, records: list[Record]) -> None:
         """Take fetched records: process them in the background with the partition paused."""
         start = self.next_offset or 0
@@ -208,12 +204,14 @@ class PartitionRunner:
     async def _ready(self) -> None:
         offset = self.tables.checkpoint.offset if self.tables is not None else None
         if self.tables is not None:
-            if offset is None:
-                if self.settings.auto_offset_reset == "earliest":
+            if offset is None:  # a new table: built from the topic, not the group offset
+                reset = self.settings.auto_offset_reset
+                if reset == "earliest":
                     await self.consumer.seek_to_beginning(self.tp)
                 else:
                     await self.consumer.seek_to_end(self.tp)
                 offset = await self.consumer.position(self.tp)
+                log.info("%s has no checkpoint: starts at the %s offset", self.name, reset)
             else:
                 self.consumer.seek(self.tp, offset)
                 # The store may be ahead of the group (killed between store write and

@@ -57,6 +57,8 @@ class KafkaSource:
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self.rebalancing = True
+        """True from start (or a revocation) until the group hands out partitions."""
 
     async def start(self) -> None:
         """Connect (with start-up retries), check topics, join the group, start polling."""
@@ -154,7 +156,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.source = source
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.source.rebalancing = True
         await self.source._release(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.source._acquire(assigned)
+        self.source.rebalancing = False

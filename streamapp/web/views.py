@@ -32,6 +32,15 @@ def make_app(source: KafkaSource, worker_id: str) -> web.Application:
             return json_response({"error": f"no table named {name!r}"}, 404)
         _, table = source.app.tables[name]
         partition, runner = source.owner_of(name, key)
+        if runner is None and source.rebalancing:
+            return json_response(
+                {
+                    "error": f"the group is rebalancing; partition {partition} of {name!r} has "
+                    "no owner yet"
+                },
+                503,
+                **{"Retry-After": "1"},
+            )
         if runner is None:
             return json_response(
                 {
@@ -54,7 +63,7 @@ def make_app(source: KafkaSource, worker_id: str) -> web.Application:
 
     async def status(request: web.Request) -> web.Response:
         parts = source.status()
-        ready = all(p["state"] in (READY, BUSY) for p in parts.values())
+        ready = not source.rebalancing and all(p["state"] in (READY, BUSY) for p in parts.values())
         return json_response(
             {"worker": worker_id, "app": source.app.id, "ready": ready, "partitions": parts}
         )

@@ -238,8 +238,8 @@ async def wait_group_ready(
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         statuses = [await w.status() for w in workers]
-        owned = sum(len(s["partitions"]) for s in statuses if s)
-        if all(s and s["ready"] for s in statuses) and owned == partitions:
+        ready = [s for s in statuses if s and s["ready"] and s["partitions"]]
+        if len(ready) == len(workers) and sum(len(s["partitions"]) for s in ready) == partitions:
             return
         await asyncio.sleep(0.3)
     raise AssertionError(f"workers not ready together after {within_s}s")

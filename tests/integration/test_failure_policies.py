@@ -78,9 +78,16 @@ async def test_park_bad_records_and_go_on(kafka_bootstrap: str, tmp_path: Path) 
     try:
         await wait_ready(worker)
         await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 60, [worker])
-        table = await read_table([worker], "order_status", [oid])
+        table = await read_table([worker], "order_status", [oid, "order-never-seen"])
         assert table[oid]["status"] == "shipped"
         assert table[oid]["version"] == 3  # the three good events, each once
+        assert table["order-never-seen"] is None  # answered 404 by its owner
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{worker.port}/tables/no_such_table/x") as r,
+        ):
+            assert r.status == 404
+            assert "no table named 'no_such_table'" in (await r.json())["error"]
     finally:
         assert worker.stop() == 0
 
