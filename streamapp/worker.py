@@ -16,6 +16,7 @@ import socket
 from aiohttp import web
 
 from .app import App
+from .errors import ConfigError
 from .kafka.retry import with_startup_retry
 from .kafka.sink import KafkaSink
 from .kafka.source import KafkaSource
@@ -38,20 +39,14 @@ class Worker:
         self._stop = asyncio.Event()
 
     async def start(self) -> None:
+        """Serve views (fails fast on a taken port), connect, check topics, join the group."""
         try:
+            await self._serve()
             await with_startup_retry(self.settings, "Kafka producer", self.sink.start)
             await self.source.start()
         except BaseException:
-            await self.sink.stop()
-            await self.source.stop()
+            await self._shutdown()
             raise
-        self._web = web.AppRunner(make_app(self.source, self.id), access_log=None)
-        await self._web.setup()
-        site = web.TCPSite(self._web, self.settings.web_host, self.settings.web_port)
-        await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        self.web_port = sockets[0].getsockname()[1] if sockets else self.settings.web_port
         log.info(
             "worker %s of app %s started; views on http://%s:%s",
             self.id,
@@ -59,6 +54,22 @@ class Worker:
             self.settings.web_host,
             self.web_port,
         )
+
+    async def _serve(self) -> None:
+        self._web = web.AppRunner(make_app(self.source, self.id), access_log=None)
+        await self._web.setup()
+        host, port = self.settings.web_host, self.settings.web_port
+        site = web.TCPSite(self._web, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve table views on {host}:{port} ({exc.strerror}); choose another "
+                "port with --web-port or STREAMAPP_WEB_PORT (0 picks a free one)"
+            ) from exc
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.web_port = sockets[0].getsockname()[1] if sockets else port
 
     def request_stop(self) -> None:
         self._stop.set()

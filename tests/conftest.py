@@ -89,7 +89,7 @@ def _containers() -> Iterator[Services]:
     from testcontainers.rabbitmq import RabbitMqContainer
 
     with (
-        KafkaContainer("apache/kafka:4.1.0").with_kraft() as kafka,
+        KafkaContainer("apache/kafka:4.1.2").with_kraft() as kafka,
         RabbitMqContainer("rabbitmq:4-management") as rabbit,
         PostgresContainer("postgres:16", dbname="streamapp") as pg,
     ):

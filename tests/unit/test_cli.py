@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -9,7 +10,7 @@ from click.testing import CliRunner
 
 from streamapp import App, Backoff, Event, Table, TableView
 from streamapp.cli import main
-from streamapp.errors import BrokerUnavailableError
+from streamapp.errors import BrokerUnavailableError, ConfigError
 from streamapp.worker import Worker
 
 
@@ -54,3 +55,18 @@ async def test_start_gives_up_after_the_retry_budget_and_names_the_setting() -> 
     with pytest.raises(BrokerUnavailableError, match=r"kafka_bootstrap.*after 3 attempts"):
         await Worker(app, settings).start()
     assert time.monotonic() - started < 10
+
+
+async def test_a_taken_web_port_is_named_before_any_broker_is_asked() -> None:
+    app = App("busyport")
+
+    @app.agent(app.topic("in", partitions=1))
+    async def agent(event: Event) -> None: ...
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = app.settings(kafka_bootstrap="127.0.0.1:1", web_port=port)
+        with pytest.raises(ConfigError, match=rf"127.0.0.1:{port}.*--web-port"):
+            await Worker(app, settings).start()
