@@ -1,4 +1,4 @@
-"""streamapp: event-sourced projections over Kafka (and RabbitMQ) with exactly-once state."""
+"""streamapp: event-sourced projections over Kafka with exactly-once RocksDB state."""
 
 from .agent import Agent, TopicSpec
 from .app import App

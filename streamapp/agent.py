@@ -1,7 +1,7 @@
 """Agents: a plain async function of one event plus the tables it declares.
 
 :func:`run_batch` is the one place where a delivery becomes an outcome; every source
-(Kafka, RabbitMQ, in-memory) calls it, so an agent behaves the same over each of them.
+(Kafka and the in-memory broker today) calls it, so an agent behaves the same over each.
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ class App:
         self._overrides = settings
         self.agents: dict[str, Agent] = {}
         self.topics: dict[str, TopicSpec] = {}
+        self.tables: dict[str, tuple[Agent, Table[Any]]] = {}
+        """Every table of the app, with the agent that owns it."""
 
     def settings(self, **overrides: Any) -> Settings:
         """Validated settings: environment, then the app's own, then ``overrides``."""
@@ -85,14 +87,10 @@ class App:
                 on_failure=on_failure or Redeliver(),
             )
             self.agents[agent_name] = agent
+            self.tables.update({t.name: (agent, t) for t in agent.tables})
             return agent
 
         return register
-
-    @property
-    def tables(self) -> dict[str, tuple[Agent, Table[Any]]]:
-        """Every table of the app, with the agent that owns it."""
-        return {t.name: (a, t) for a in self.agents.values() for t in a.tables}
 
     def changelog_topics(self, agent: Agent) -> dict[str, str]:
         """table name -> changelog topic, for ``agent``'s tables."""

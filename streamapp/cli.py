@@ -1,4 +1,4 @@
-"""The ``streamapp`` command: ``worker`` and ``topics create``."""
+"""The ``streamapp`` command: ``worker``, ``topics create`` and ``topics list``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .app import App
+from .app import App, TopicPlan
 from .errors import StreamappError
 
 
@@ -43,13 +43,22 @@ def _logging(level: str) -> None:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
+app_option = click.option(
+    "-A", "--app", "app_ref", required=True, help="MODULE:ATTRIBUTE of the App."
+)
+
+
+def _plan_row(plan: TopicPlan) -> str:
+    return f"{plan.name}\t{plan.partitions} partitions\t{plan.role}"
+
+
 @click.group()
 def main() -> None:
     """streamapp: event-sourced projections over Kafka with exactly-once table state."""
 
 
 @main.command()
-@click.option("-A", "--app", "app_ref", required=True, help="MODULE:ATTRIBUTE of the App.")
+@app_option
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Where table stores live.")
 @click.option("--web-port", type=int, help="Port of the table views (0: any free port).")
 @click.option("--web-host", help="Address of the table views.")
@@ -86,7 +95,7 @@ def topics() -> None:
 
 
 @topics.command("create")
-@click.option("-A", "--app", "app_ref", required=True, help="MODULE:ATTRIBUTE of the App.")
+@app_option
 def topics_create(app_ref: str) -> None:
     """Create the app's source, changelog and parking topics that are missing."""
     from .kafka.topics import create_topics
@@ -99,15 +108,15 @@ def topics_create(app_ref: str) -> None:
         raise click.ClickException(str(exc)) from exc
     for plan in app.topic_plan():
         state = "created" if plan.name in created else "exists"
-        click.echo(f"{plan.name}\t{plan.partitions} partitions\t{plan.role}\t{state}")
+        click.echo(f"{_plan_row(plan)}\t{state}")
 
 
 @topics.command("list")
-@click.option("-A", "--app", "app_ref", required=True, help="MODULE:ATTRIBUTE of the App.")
+@app_option
 def topics_list(app_ref: str) -> None:
     """Print the topics the app needs."""
     for plan in load_app(app_ref).topic_plan():
-        click.echo(f"{plan.name}\t{plan.partitions} partitions\t{plan.role}")
+        click.echo(_plan_row(plan))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ The stream id is the ``streamid`` extension, else ``subject``; the stream versio
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -90,6 +91,7 @@ class Event:
         return out
 
 
+@functools.lru_cache(maxsize=64)  # a topic has few content types; this runs per record
 def is_json_type(content_type: str | None) -> bool:
     """True for ``application/json``, ``text/json`` and any ``*+json`` type (parameters ignored)."""
     if content_type is None:

@@ -1,6 +1,6 @@
 """What every source hands to an agent: raw records, settled by the agent's outcome.
 
-A source (Kafka, RabbitMQ, the in-memory broker) turns broker messages into
+A source (Kafka, the in-memory broker; RabbitMQ to come) turns broker messages into
 :class:`Record` values, runs them through :func:`streamapp.agent.run_batch` in order per
 partition, and settles them by the result: it never settles a record the agent has not
 settled (DELIVERED, FILTERED, or a confirmed park).
@@ -66,6 +66,16 @@ class Source(Protocol):
 
     async def stop(self) -> None:
         """Finish batches in hand, flush tables, settle, disconnect."""
+
+
+def park_headers(record: Record, reason: str, agent: str) -> list[tuple[str, bytes]]:
+    """What a parked copy carries: the original headers, why, and where it came from."""
+    return [
+        *record.headers,
+        ("streamapp-park-reason", reason.encode()),
+        ("streamapp-agent", agent.encode()),
+        ("streamapp-source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+    ]
 
 
 def decode_record(decode: Decoder, record: Record) -> Event | DecodeError:

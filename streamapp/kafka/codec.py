@@ -9,15 +9,14 @@ Decoding raises :class:`DecodeError` with a reason; it never raises anything els
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import orjson
 
 from ..errors import DecodeError
 from ..events import REQUIRED, SPECVERSION, Event, is_json_type
+from ..source import Headers
 
-Headers = Sequence[tuple[str, bytes]]
 STRUCTURED = "application/cloudevents"
 
 
@@ -37,7 +36,7 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers) -> Event:
                 attrs[lname[3:]] = raw.decode()
     except (UnicodeDecodeError, AttributeError):
         _bad_header(headers)
-    if content_type is not None and content_type[:23].lower() == STRUCTURED:
+    if content_type is not None and content_type.lower().startswith(STRUCTURED):
         return _structured(content_type, value)
     if not attrs:
         raise DecodeError("not a CloudEvent: no ce_ headers and no structured content-type")
@@ -120,14 +119,11 @@ def _structured(content_type: str, value: bytes | None) -> Event:
 def _event(attrs: dict[str, str], data: Any) -> Event:
     """The Event of decoded attributes; ``attrs`` is consumed (what remains: extensions)."""
     pop = attrs.pop
-    try:
-        event_id, source, type_, spec = pop("id"), pop("source"), pop("type"), pop("specversion")
-    except KeyError:
-        missing = [name for name in REQUIRED if not attrs.get(name)]
-        raise DecodeError(f"CloudEvent lacks required attribute(s): {', '.join(missing)}") from None
-    if not (event_id and source and type_ and spec):
-        empty = [n for n, v in zip(REQUIRED, (event_id, source, type_, spec), strict=True) if not v]
-        raise DecodeError(f"CloudEvent lacks required attribute(s): {', '.join(empty)}")
+    required = [pop(name, "") for name in REQUIRED]
+    if not all(required):
+        missing = [name for name, value in zip(REQUIRED, required, strict=True) if not value]
+        raise DecodeError(f"CloudEvent lacks required attribute(s): {', '.join(missing)}")
+    event_id, source, type_, spec = required
     if spec != SPECVERSION:
         raise DecodeError(f"unsupported specversion {spec!r} (want 1.0)")
     version = attrs.get("streamversion")

@@ -18,8 +18,9 @@ from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
 
 from ..agent import Agent, BatchResult, run_batch
 from ..app import App
+from ..outcomes import Park
 from ..settings import Settings
-from ..source import Record
+from ..source import Record, park_headers
 from ..tables.changelog import ChangelogWriter
 from ..tables.partition import PartitionTables, spaces_for
 from ..tables.restore import restore
@@ -61,6 +62,7 @@ class PartitionRunner:
         self._batch: asyncio.Task[None] | None = None
         self._reseek = False
         self._closing = asyncio.Event()
+        self._changelogs = app.changelog_topics(agent)
 
     # lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -166,12 +168,11 @@ class PartitionRunner:
             opening.add_done_callback(_close_when_opened)
             raise
         self.tables = PartitionTables(agent.tables, store, self.tp.partition)
-        topics = self.app.changelog_topics(agent)
         self._writer = await self._start_writer()
         started = time.monotonic()
         self.restored = await restore(
             self.tables,
-            topics,
+            self._changelogs,
             settings.kafka_bootstrap,
             label=self.name,
             stall_timeout_s=settings.restore_stall_timeout_s,
@@ -190,7 +191,7 @@ class PartitionRunner:
         writer = ChangelogWriter(
             self.settings.kafka_bootstrap,
             f"{self.app.id}-{self.agent.name}-{self.tp.partition}",
-            self.app.changelog_topics(self.agent),
+            self._changelogs,
             self.tp.partition,
             self.settings.publish_timeout_s,
         )
@@ -335,24 +336,20 @@ class PartitionRunner:
         return False
 
     async def _park(self, record: Record, reason: str) -> bool:
+        """Publish the record to the agent's parking topic; True once confirmed."""
         policy = self.agent.on_failure
-        destination = getattr(policy, "destination", None)
-        if destination is None:
-            return False
-        headers = [
-            *record.headers,
-            ("streamapp-park-reason", reason.encode()),
-            ("streamapp-agent", self.agent.name.encode()),
-            ("streamapp-source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
-        ]
+        assert isinstance(policy, Park)  # run_batch parks only under a Park policy
+        headers = park_headers(record, reason, self.agent.name)
         try:
-            await self.sink.publish(destination, record.value, key=record.key, headers=headers)
-        except Exception as exc:
-            log.error(
-                "%s: parking offset %d to %s failed: %r", self.name, record.offset, destination, exc
+            await self.sink.publish(
+                policy.destination, record.value, key=record.key, headers=headers
             )
+        except Exception as exc:
+            log.error("%s: parking offset %d failed: %s", self.name, record.offset, exc)
             return False
-        log.warning("%s: parked offset %d to %s: %s", self.name, record.offset, destination, reason)
+        log.warning(
+            "%s: parked offset %d to %s: %s", self.name, record.offset, policy.destination, reason
+        )
         return True
 
 

@@ -23,7 +23,7 @@ from ..events import Event
 from ..kafka import codec
 from ..kafka.source import partition_for
 from ..outcomes import Outcome, Park
-from ..source import Message, Record
+from ..source import Message, Parker, Record, park_headers
 from ..tables.partition import PartitionTables, spaces_for
 from ..tables.store import MemoryStore
 
@@ -106,12 +106,11 @@ class MemoryBroker:
                     break
         return counts
 
-    def _park_for(self, agent: Agent) -> Any:
+    def _park_for(self, agent: Agent) -> Parker:
         async def park(record: Record, reason: str) -> bool:
             policy = agent.on_failure
-            if not isinstance(policy, Park):
-                return False
-            headers = [*record.headers, ("streamapp-park-reason", reason.encode())]
+            assert isinstance(policy, Park)  # run_batch parks only under a Park policy
+            headers = park_headers(record, reason, agent.name)
             self.send_raw(policy.destination, record.value, key=record.key, headers=headers)
             return True
 
@@ -131,20 +130,17 @@ class MemoryBroker:
 
 
 class _TableReader:
+    """Committed and pending state of one table, across its partitions."""
+
     def __init__(self, broker: MemoryBroker, agent: Agent, name: str) -> None:
         self._broker, self._agent, self._name = broker, agent, name
 
     def get(self, key: str, default: Any = None) -> Any:
-        p = partition_for(key.encode(), self._agent.topic.partitions)
-        tables = self._broker._partition_tables(self._agent, p)
-        view = next(v for v in tables.views if v.table.name == self._name)
-        return view.get(key, default)
+        return self._view(key).get(key, default)
 
     def __getitem__(self, key: str) -> Any:
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value
+        return self._view(key)[key]
 
-
-_MISSING = object()
+    def _view(self, key: str) -> Any:
+        p = partition_for(key.encode(), self._agent.topic.partitions)
+        return self._broker._partition_tables(self._agent, p).view(self._name)

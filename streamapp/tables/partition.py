@@ -90,6 +90,7 @@ class PartitionTables:
         self.store = store
         self.partition = partition
         self.views: list[TableView[Any]] = [TableView(t, store, partition) for t in tables]
+        self._views_by_name = {view.table.name: view for view in self.views}
         self.checkpoint = Checkpoint.decode(store.get(META, CHECKPOINT_KEY))
         self._vspace = self.tables[0].version_space if self.tables else None
         self._vbatch: dict[bytes, int] = {}
@@ -98,16 +99,21 @@ class PartitionTables:
     def applied_version(self, stream_id: str) -> int:
         """The last stream version applied for ``stream_id`` (0: none)."""
         key = stream_id.encode()
-        if key in self._vevent:
-            return self._vevent[key]
-        if key in self._vbatch:
-            return self._vbatch[key]
+        version = self._vevent.get(key)
+        if version is None:
+            version = self._vbatch.get(key)
+        if version is not None:
+            return version
         if self._vspace is None:
             return 0
         return decode_version(self.store.get(self._vspace, key))
 
     def record_version(self, stream_id: str, version: int) -> None:
         self._vevent[stream_id.encode()] = version
+
+    def view(self, table: str) -> TableView[Any]:
+        """This partition's view of ``table``."""
+        return self._views_by_name[table]
 
     def commit_event(self) -> None:
         for view in self.views:
@@ -129,11 +135,13 @@ class PartitionTables:
 
     def store_changes(self, batch: BatchChanges, checkpoint: Checkpoint) -> Changes:
         """The atomic store write for ``batch`` with ``checkpoint``."""
-        encoded = {k: encode_version(v) for k, v in batch.versions.items()}
+        encoded: dict[bytes, bytes | None] = {
+            k: encode_version(v) for k, v in batch.versions.items()
+        }
         changes: dict[str, dict[bytes, bytes | None]] = {}
         for table in self.tables:
             changes[table.data_space] = batch.data.get(table.name, {})
-            changes[table.version_space] = dict(encoded)
+            changes[table.version_space] = encoded
         changes[META] = {CHECKPOINT_KEY: checkpoint.encode()}
         return changes
 

@@ -75,8 +75,6 @@ async def restore(
             changes[META] = {CHECKPOINT_KEY: _settled(cp).encode()}
             tables.store.write(changes)  # holds the GIL anyway; never races close()
         tables.checkpoint = _settled(cp)
-        if not by_tp:
-            return 0
         tables.store.write({META: {CHECKPOINT_KEY: tables.checkpoint.encode()}})
         return applied
     finally:
@@ -90,7 +88,7 @@ def _apply(
     changes: dict[str, dict[bytes, bytes | None]],
     cp: Checkpoint,
 ) -> int:
-    table = next(t for t in tables.tables if t.name == name)
+    table = tables.view(name).table
     data = changes.setdefault(table.data_space, {})
     versions = changes.setdefault(table.version_space, {})
     for rec in recs:

@@ -98,11 +98,13 @@ class TableView(Generic[V]):
             yield key.decode(), self.codec.loads(raw)
 
     def _raw(self, key: bytes) -> bytes | None:
-        if key in self._event:
-            return self._event[key]
-        if key in self._batch:
-            return self._batch[key]
-        return self._store.get(self._space, key)
+        raw = self._event.get(key, _MISSING)
+        if raw is _MISSING:
+            raw = self._batch.get(key, _MISSING)
+            if raw is _MISSING:
+                return self._store.get(self._space, key)
+        value: bytes | None = raw
+        return value
 
     # The partition runner drives the layers:
     def _commit_event(self) -> None:

@@ -593,3 +593,10 @@ def test_fuzz_decode_raises_only_decode_error(
         assert event.source
         assert event.type
         assert event.specversion == "1.0"
+
+
+def test_missing_attribute_error_names_only_what_is_missing() -> None:
+    headers = [(n, v) for n, v in REQUIRED_HEADERS if n != "ce_type"]
+    with pytest.raises(DecodeError) as err:
+        decode(None, None, headers)
+    assert err.value.reason == "CloudEvent lacks required attribute(s): type"
