@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from . import logs
 from .app import App, TopicPlan
 from .errors import StreamappError
 
@@ -32,15 +32,6 @@ def load_app(ref: str) -> App:
     if not isinstance(app, App):
         raise click.BadParameter(f"{ref!r} is not a streamapp App", param_hint="-A")
     return app
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
 app_option = click.option(
@@ -69,7 +60,7 @@ def worker(
     """Run one worker of the app (one member of its consumer group)."""
     from .worker import Worker
 
-    _logging(loglevel)
+    logs.configure(loglevel)
     app = load_app(app_ref)
     overrides: dict[str, Any] = {}
     if data_dir is not None:
