@@ -91,6 +91,39 @@ class Event:
         return out
 
 
+_SETTERS = tuple(Event.__dict__[f].__set__ for f in Event.__dataclass_fields__)
+_new = object.__new__
+
+
+def build_event(
+    id: str,
+    source: str,
+    type: str,
+    specversion: str,
+    subject: str | None,
+    time: str | None,
+    datacontenttype: str | None,
+    dataschema: str | None,
+    data: Any,
+    extensions: Mapping[str, str],
+) -> Event:
+    """``Event(...)`` for decoders on the hot path: the same frozen Event, built without
+    the frozen-dataclass ``__init__`` (which costs a guarded ``setattr`` per field)."""
+    event: Event = _new(Event)
+    s_id, s_source, s_type, s_spec, s_subject, s_time, s_dct, s_schema, s_data, s_ext = _SETTERS
+    s_id(event, id)
+    s_source(event, source)
+    s_type(event, type)
+    s_spec(event, specversion)
+    s_subject(event, subject)
+    s_time(event, time)
+    s_dct(event, datacontenttype)
+    s_schema(event, dataschema)
+    s_data(event, data)
+    s_ext(event, extensions)
+    return event
+
+
 @functools.lru_cache(maxsize=64)  # a topic has few content types; this runs per record
 def is_json_type(content_type: str | None) -> bool:
     """True for ``application/json``, ``text/json`` and any ``*+json`` type (parameters ignored)."""

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import orjson
 
 from ..errors import DecodeError
-from ..events import REQUIRED, SPECVERSION, Event, is_json_type
+from ..events import REQUIRED, SPECVERSION, Event, build_event, is_json_type
 from ..source import Headers
 
 STRUCTURED = "application/cloudevents"
@@ -129,7 +129,7 @@ def _event(attrs: dict[str, str], data: Any) -> Event:
     version = attrs.get("streamversion")
     if version is not None and not (version.isascii() and version.isdigit() and int(version) >= 1):
         raise DecodeError(f"streamversion {version!r} is not a positive integer")
-    return Event(
+    return build_event(
         event_id,
         source,
         type_,

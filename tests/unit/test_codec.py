@@ -600,3 +600,26 @@ def test_missing_attribute_error_names_only_what_is_missing() -> None:
     with pytest.raises(DecodeError) as err:
         decode(None, None, headers)
     assert err.value.reason == "CloudEvent lacks required attribute(s): type"
+
+
+def test_build_event_is_the_same_frozen_event() -> None:
+    from streamapp.events import build_event
+
+    args = (
+        "i",
+        "s",
+        "t",
+        "1.0",
+        "sub",
+        "2026-01-01T00:00:00Z",
+        "application/json",
+        None,
+        {"a": 1},
+        {"streamid": "x"},
+    )
+    built, made = build_event(*args), Event(*args)
+    assert built == made
+    assert dataclasses.asdict(built) == dataclasses.asdict(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.id = "other"  # type: ignore[misc]
+    assert built.stream_id == "x"
