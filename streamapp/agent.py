@@ -66,7 +66,6 @@ class BatchResult:
 
     settled: int
     failure: Handled | None = None
-    out_of_time: bool = False
     counts: dict[Outcome, int] = field(default_factory=dict)
 
     @property
@@ -141,7 +140,7 @@ async def run_batch(
     delivered = 0  # the common case, counted without hashing an enum
     for i, record in enumerate(records):
         if i and time.monotonic() > deadline:
-            return BatchResult(i, out_of_time=True, counts=_counts(counts, delivered))
+            return BatchResult(i, counts=_counts(counts, delivered))  # out of time
         handled = await handle(agent, decode_record(decode, record), tables)
         if handled is _DELIVERED:
             delivered += 1

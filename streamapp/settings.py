@@ -114,10 +114,6 @@ class Settings:
             "heartbeat_interval_ms",
             "rebalance_timeout_ms",
             "replication_factor",
-        ):
-            if getattr(self, name) <= 0:
-                raise bad(name, "must be positive")
-        for name in (
             "publish_timeout_s",
             "shutdown_timeout_s",
             "store_open_timeout_s",

@@ -203,23 +203,23 @@ class PartitionRunner:
         return writer
 
     async def _ready(self) -> None:
-        offset = self.tables.checkpoint.offset if self.tables is not None else None
-        if self.tables is not None:
-            if offset is None:  # a new table: built from the topic, not the group offset
-                reset = self.settings.auto_offset_reset
-                if reset == "earliest":
-                    await self.consumer.seek_to_beginning(self.tp)
-                else:
-                    await self.consumer.seek_to_end(self.tp)
-                offset = await self.consumer.position(self.tp)
-                log.info("%s has no checkpoint: starts at the %s offset", self.name, reset)
-            else:
-                self.consumer.seek(self.tp, offset)
-                # The store may be ahead of the group (killed between store write and
-                # commit): commit what is durable so that lag reads true.
-                await self._commit(offset)
-        else:
+        """Seek to where this partition's state stands, then resume it."""
+        if self.tables is None:  # no state: the group's committed offset decides
             offset = await self.consumer.position(self.tp)
+        elif (checkpoint := self.tables.checkpoint.offset) is not None:
+            offset = checkpoint
+            self.consumer.seek(self.tp, offset)
+            # The store may be ahead of the group (killed between store write and
+            # commit): commit what is durable so that lag reads true.
+            await self._commit(offset)
+        else:  # a new table: built from the topic, not from the group offset
+            reset = self.settings.auto_offset_reset
+            if reset == "earliest":
+                await self.consumer.seek_to_beginning(self.tp)
+            else:
+                await self.consumer.seek_to_end(self.tp)
+            offset = await self.consumer.position(self.tp)
+            log.info("%s has no checkpoint: starts at the %s offset", self.name, reset)
         self.next_offset = self.start_offset = offset
         self._reseek = False
         self.state = READY

@@ -55,7 +55,6 @@ def make_app(source: KafkaSource, worker_id: str) -> web.Application:
                 503,
                 **{"Retry-After": "1"},
             )
-        assert runner.tables is not None
         raw = runner.tables.store.get(table.data_space, key.encode())
         if raw is None:
             return json_response({"error": f"key {key!r} not found in table {name!r}"}, 404)
