@@ -11,6 +11,7 @@ from .errors import (
     StreamappError,
 )
 from .events import Event
+from .history import FromEventStore
 from .outcomes import FailurePolicy, Outcome, Park, Redeliver
 from .settings import Backoff, Settings
 from .tables.table import JsonCodec, Table, TableView
@@ -23,6 +24,7 @@ __all__ = [
     "DecodeError",
     "Event",
     "FailurePolicy",
+    "FromEventStore",
     "JsonCodec",
     "MissingTopicError",
     "Outcome",

@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import DecodeError
 from .events import Event
+from .history import History
 from .outcomes import FailurePolicy, Outcome, Park, Redeliver
 from .source import Decoder, Parker, Record, decode_record
 from .tables.partition import PartitionTables
@@ -48,6 +49,8 @@ class Agent:
     tables: tuple[Table[Any], ...] = ()
     filter: Callable[[Event], bool] | None = None
     on_failure: FailurePolicy = field(default_factory=Redeliver)
+    history: History | None = None
+    """Replayed into the tables on assignment, before live deliveries (catch-up)."""
 
     async def __call__(self, event: Event, *views: Any) -> None:
         """Call the handler directly (handy in unit tests)."""

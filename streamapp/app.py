@@ -13,6 +13,7 @@ from typing import Any
 from .agent import Agent, Handler, TopicSpec
 from .errors import ConfigError
 from .events import Event
+from .history import History
 from .outcomes import FailurePolicy, Park, Redeliver
 from .settings import Settings
 from .tables.changelog import changelog_topic
@@ -60,9 +61,14 @@ class App:
         tables: Sequence[Table[Any]] = (),
         filter: Callable[[Event], bool] | None = None,
         on_failure: FailurePolicy | None = None,
+        history: History | None = None,
         name: str | None = None,
     ) -> Callable[[Handler], Agent]:
-        """Register ``async def handler(event, *views)`` as an agent of ``topic``."""
+        """Register ``async def handler(event, *views)`` as an agent of ``topic``.
+
+        With ``history=FromEventStore()`` each partition first replays its events from
+        the event store into the tables, then hands over to ``topic`` (catch-up then live).
+        """
 
         def register(handler: Handler) -> Agent:
             agent_name = name or handler.__name__
@@ -85,6 +91,7 @@ class App:
                 tables=tuple(tables),
                 filter=filter,
                 on_failure=on_failure or Redeliver(),
+                history=history,
             )
             self.agents[agent_name] = agent
             self.tables.update({t.name: (agent, t) for t in agent.tables})

@@ -14,6 +14,7 @@ from typing import Any
 from .errors import ConfigError
 
 ENV_PREFIX = "STREAMAPP_"
+BROKERS = ("kafka", "rabbitmq", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,11 @@ class Settings:
     """What a worker needs to know. Build with :meth:`from_env` to read ``STREAMAPP_*``."""
 
     app_id: str
+    broker: str = "kafka"
+    """The live source: ``kafka``, ``rabbitmq`` or ``none`` (the event store alone)."""
     kafka_bootstrap: str = "127.0.0.1:9092"
+    event_store: str = "sqlite:///streamapp-events.db"
+    """``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``postgresql://...``."""
     data_dir: Path = Path("streamapp-data")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
@@ -98,6 +103,14 @@ class Settings:
                 "enable_auto_commit",
                 "auto-commit would commit offsets of records not yet durable in the table; "
                 "streamapp commits explicit offsets itself. Set it to false.",
+            )
+        if self.broker not in BROKERS:
+            raise bad("broker", f"must be one of {', '.join(BROKERS)}")
+        if not self.event_store.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise bad(
+                "event_store",
+                "give sqlite:///relative/path.db, sqlite:////absolute/path.db or "
+                "postgresql://user@host/db",
             )
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise bad("auto_offset_reset", "must be 'earliest' or 'latest'")

@@ -8,13 +8,13 @@ Decoding raises :class:`DecodeError` with a reason; it never raises anything els
 
 from __future__ import annotations
 
-import base64
 from typing import Any, NoReturn
 
 import orjson
 
+from .. import structured
 from ..errors import DecodeError
-from ..events import REQUIRED, SPECVERSION, Event, build_event, is_json_type
+from ..events import Event, is_json_type
 from ..source import Headers
 
 STRUCTURED = "application/cloudevents"
@@ -48,7 +48,7 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers) -> Event:
             data = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise DecodeError(f"data is not valid JSON ({content_type}): {exc}") from None
-    return _event(attrs, data)
+    return structured.from_attributes(attrs, data)
 
 
 def encode(event: Event) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
@@ -78,14 +78,9 @@ def encode(event: Event) -> tuple[bytes | None, bytes | None, list[tuple[str, by
 
 def encode_structured(event: Event) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
     """``(key, value, headers)`` of ``event`` in structured JSON mode."""
-    body: dict[str, Any] = dict(event.attributes())
-    if isinstance(event.data, bytes):
-        body["data_base64"] = base64.b64encode(event.data).decode()
-    elif event.data is not None:
-        body["data"] = event.data
     sid = event.stream_id
     headers = [("content-type", b"application/cloudevents+json; charset=utf-8")]
-    return (sid.encode() if sid is not None else None), orjson.dumps(body), headers
+    return (sid.encode() if sid is not None else None), structured.to_json(event), headers
 
 
 def _structured(content_type: str, value: bytes | None) -> Event:
@@ -93,54 +88,7 @@ def _structured(content_type: str, value: bytes | None) -> Event:
         raise DecodeError(f"unsupported structured format {content_type!r} (only JSON)")
     if value is None:
         raise DecodeError("structured CloudEvent with an empty value")
-    try:
-        body = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise DecodeError(f"structured CloudEvent is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise DecodeError("structured CloudEvent is not a JSON object")
-    data: Any = body.pop("data", None)
-    b64 = body.pop("data_base64", None)
-    if b64 is not None:
-        try:
-            data = base64.b64decode(b64, validate=True)
-        except (ValueError, TypeError):
-            raise DecodeError("data_base64 is not valid base64") from None
-    if not isinstance(body.get("specversion", ""), str):
-        raise DecodeError("attribute 'specversion' must be a string")
-    attrs: dict[str, str] = {}
-    for name, val in body.items():
-        if isinstance(val, (dict, list)) or val is None:
-            raise DecodeError(f"attribute {name!r} must be a string, number or boolean")
-        attrs[name] = val if isinstance(val, str) else orjson.dumps(val).decode()
-    return _event(attrs, data)
-
-
-def _event(attrs: dict[str, str], data: Any) -> Event:
-    """The Event of decoded attributes; ``attrs`` is consumed (what remains: extensions)."""
-    pop = attrs.pop
-    required = [pop(name, "") for name in REQUIRED]
-    if not all(required):
-        missing = [name for name, value in zip(REQUIRED, required, strict=True) if not value]
-        raise DecodeError(f"CloudEvent lacks required attribute(s): {', '.join(missing)}")
-    event_id, source, type_, spec = required
-    if spec != SPECVERSION:
-        raise DecodeError(f"unsupported specversion {spec!r} (want 1.0)")
-    version = attrs.get("streamversion")
-    if version is not None and not (version.isascii() and version.isdigit() and int(version) >= 1):
-        raise DecodeError(f"streamversion {version!r} is not a positive integer")
-    return build_event(
-        event_id,
-        source,
-        type_,
-        SPECVERSION,
-        pop("subject", None),
-        pop("time", None),
-        pop("datacontenttype", None),
-        pop("dataschema", None),
-        data,
-        attrs,
-    )
+    return structured.from_json(value)
 
 
 def _bad_header(headers: Headers) -> NoReturn:
