@@ -1,7 +1,8 @@
 """Agents: a plain async function of one event plus the tables it declares.
 
-:func:`run_batch` is the one place where a delivery becomes an outcome; every source
-(Kafka and the in-memory broker today) calls it, so an agent behaves the same over each.
+:func:`run_batch` is the one place where a delivery becomes an outcome; the partition
+task (:mod:`streamapp.engine.task`) calls it for every transport, so an agent behaves the
+same over each.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine.delivery import Decoder, Delivery, Parker, decode_delivery
 from .errors import DecodeError
 from .events import Event
 from .history import History
 from .outcomes import FailurePolicy, Outcome, Park, Redeliver
-from .source import Decoder, Parker, Record, decode_record
 from .tables.partition import PartitionTables
 from .tables.table import Table
 
@@ -126,7 +127,7 @@ def _failed(tables: PartitionTables | None, exc: BaseException) -> Handled:
 
 async def run_batch(
     agent: Agent,
-    records: Sequence[Record],
+    records: Sequence[Delivery],
     tables: PartitionTables | None,
     decode: Decoder,
     park: Parker,
@@ -144,7 +145,7 @@ async def run_batch(
     for i, record in enumerate(records):
         if i and time.monotonic() > deadline:
             return BatchResult(i, counts=_counts(counts, delivered))  # out of time
-        handled = await handle(agent, decode_record(decode, record), tables)
+        handled = await handle(agent, decode_delivery(decode, record), tables)
         if handled is _DELIVERED:
             delivered += 1
             continue
@@ -159,7 +160,7 @@ async def run_batch(
             agent.name,
             record.topic,
             record.partition,
-            record.offset,
+            record.position,
             handled.outcome.value,
             handled.reason,
         )

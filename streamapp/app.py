@@ -99,9 +99,9 @@ class App:
 
         return register
 
-    def changelog_topics(self, agent: Agent) -> dict[str, str]:
-        """table name -> changelog topic, for ``agent``'s tables."""
-        return {t.name: changelog_topic(self.id, t.name) for t in agent.tables}
+    def changelog_topic(self, agent: Agent) -> str | None:
+        """The changelog topic of ``agent``'s tables (None: the agent has no tables)."""
+        return changelog_topic(self.id, agent.name) if agent.tables else None
 
     def topic_plan(self) -> list[TopicPlan]:
         """Every topic the app reads or writes, with partitions and cleanup policy."""
@@ -109,8 +109,11 @@ class App:
         for agent in self.agents.values():
             src = agent.topic
             plan[src.name] = TopicPlan(src.name, src.partitions)
-            for topic in self.changelog_topics(agent).values():
-                plan[topic] = TopicPlan(topic, src.partitions, compacted=True, role="changelog")
+            changelog = self.changelog_topic(agent)
+            if changelog is not None:
+                plan[changelog] = TopicPlan(
+                    changelog, src.partitions, compacted=True, role="changelog"
+                )
             if isinstance(agent.on_failure, Park):
                 dest = agent.on_failure.destination
                 plan.setdefault(dest, TopicPlan(dest, src.partitions, role="parking"))

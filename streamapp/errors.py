@@ -53,3 +53,27 @@ class BrokerUnavailableError(StreamappError):
     """The broker did not answer within the start-up retry budget."""
 
     retriable = True
+
+
+class StoreFormatError(StreamappError):
+    """A table store was written in a layout this streamapp does not read."""
+
+
+class StoreClosedError(StreamappError):
+    """A table partition was closed (revoked) while something still read it."""
+
+
+class ForeignKeyError(StreamappError):
+    """A handler wrote a key that belongs to another partition of the table."""
+
+
+class FencedError(StreamappError):
+    """Another worker took the partition over; this one no longer owns it."""
+
+
+class SourceError(StreamappError):
+    """A transport's client failed; ``retriable`` says whether trying again can help."""
+
+    def __init__(self, message: str, *, retriable: bool = True) -> None:
+        super().__init__(message)
+        self.retriable = retriable

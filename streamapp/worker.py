@@ -32,6 +32,11 @@ class Worker:
     def __init__(self, app: App, settings: Settings, app_ref: str = "MODULE:app") -> None:
         self.app, self.settings = app, settings
         self.id = f"{socket.gethostname()}:{os.getpid()}"
+        if settings.broker != "kafka":
+            raise ConfigError(
+                f"setting broker (STREAMAPP_BROKER) = {settings.broker!r} is not available in "
+                "this version; use kafka"
+            )
         self.sink = KafkaSink(settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s)
         self.source = KafkaSource(app, settings, self.sink, app_ref)
         self.web_port: int | None = None
@@ -56,7 +61,7 @@ class Worker:
         )
 
     async def _serve(self) -> None:
-        self._web = web.AppRunner(make_app(self.source, self.id), access_log=None)
+        self._web = web.AppRunner(make_app(self.source.assignment, self.id), access_log=None)
         await self._web.setup()
         host, port = self.settings.web_host, self.settings.web_port
         site = web.TCPSite(self._web, host, port)

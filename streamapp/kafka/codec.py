@@ -13,9 +13,9 @@ from typing import Any, NoReturn
 import orjson
 
 from .. import structured
+from ..engine.delivery import Headers
 from ..errors import DecodeError
 from ..events import Event, is_json_type
-from ..source import Headers
 
 STRUCTURED = "application/cloudevents"
 

@@ -1,9 +1,9 @@
 """Kafka source: one consumer-group member that feeds the app's agents.
 
-The poll loop only fetches and hands records to partition runners; runners process,
-flush and commit on their own tasks with their partition paused, so a slow batch never
-keeps the loop from polling (heartbeats and ``max.poll.interval.ms`` stay safe) and a
-partition that restores never stalls the partitions that are ready.
+The poll loop only fetches and hands deliveries to partition tasks; tasks process,
+commit and settle on their own with their partition paused, so a slow batch never keeps
+the loop from polling (heartbeats and ``max.poll.interval.ms`` stay safe) and a partition
+that restores or catches up never stalls the partitions that are live.
 """
 
 from __future__ import annotations
@@ -11,37 +11,63 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
-from aiokafka.partitioner import murmur2
 
+from ..agent import Agent
 from ..app import App
+from ..engine.assignment import Assignment
+from ..engine.delivery import Delivery, Message
+from ..engine.parking import parker
+from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
+from ..errors import SourceError
+from ..events import Event
 from ..settings import Settings
+from ..tables.store import RocksStore, Store
+from . import codec
+from .changelog import KafkaChangelog
+from .port import KafkaPartitionPort
 from .retry import with_startup_retry
-from .runner import READY, PartitionRunner
 from .sink import KafkaSink
-from .topics import check_topics
+from .topics import check_topics, delete_retention_ms
 
 log = logging.getLogger("streamapp.kafka")
 
 
-def partition_for(key: bytes, partitions: int) -> int:
-    """Kafka's default partitioner (murmur2), as producers place keyed records."""
-    hashed: int = murmur2(key)
-    return (hashed & 0x7FFFFFFF) % partitions
+def decode(delivery: Delivery) -> Event:
+    return codec.decode(delivery.key, delivery.value, delivery.headers)
+
+
+def task_config(settings: Settings) -> TaskConfig:
+    return TaskConfig(
+        max_batch_records=settings.max_batch_records,
+        batch_budget_s=settings.batch_budget_ms / 1000,
+        redeliver_pause_s=settings.poll_timeout_ms / 1000,
+        close_budget_s=settings.rebalance_timeout_ms / 2000,
+    )
 
 
 class KafkaSource:
     """Consumes every agent's source topic as one member of the app's group."""
 
-    def __init__(self, app: App, settings: Settings, sink: KafkaSink, app_ref: str) -> None:
+    def __init__(
+        self,
+        app: App,
+        settings: Settings,
+        sink: KafkaSink,
+        app_ref: str,
+        history: HistoryFeed | None = None,
+    ) -> None:
         self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
-        self.runners: dict[TopicPartition, PartitionRunner] = {}
+        self.history = history
+        self.assignment = Assignment(app)
         self._agents = {a.topic.name: a for a in app.agents.values()}
+        self._config = task_config(settings)
+        self._retention: dict[str, int] = {}
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.kafka_bootstrap,
             group_id=settings.group_id,
@@ -57,13 +83,13 @@ class KafkaSource:
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
-        self.rebalancing = True
-        """True from start (or a revocation) until the group hands out partitions."""
 
     async def start(self) -> None:
         """Connect (with start-up retries), check topics, join the group, start polling."""
         await check_topics(self.app, self.settings, self.app_ref)
-        await self._connect()
+        changelogs = [self.app.changelog_topic(a) for a in self.app.agents.values()]
+        self._retention = await delete_retention_ms(self.settings, [t for t in changelogs if t])
+        await with_startup_retry(self.settings, "Kafka consumer", self._consumer.start)
         self._consumer.subscribe(list(self._agents), listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._poll_loop(), name="poll loop")
 
@@ -72,56 +98,39 @@ class KafkaSource:
         self._stopping = True
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        await self._release(list(self.runners))
+        await self._release(list(self.assignment.tasks))
         await self._consumer.stop()
-        await self._release(list(self.runners))  # any taken during the leave
+        await self._release(list(self.assignment.tasks))  # any taken during the leave
 
     async def wait(self) -> None:
         """Until the poll loop ends (it raises when the consumer fails for good)."""
         if self._loop_task is not None:
             await self._loop_task
 
-    def owner_of(self, table: str, key: str) -> tuple[int, PartitionRunner | None]:
-        """The partition of ``key`` in ``table`` and its runner here, if this worker owns it."""
-        agent, _ = self.app.tables[table]
-        partition = partition_for(key.encode(), agent.topic.partitions)
-        return partition, self.runners.get(TopicPartition(agent.topic.name, partition))
-
-    def status(self) -> dict[str, Any]:
-        return {
-            r.name: {
-                "state": r.state,
-                "start_offset": r.start_offset,
-                "next_offset": r.next_offset,
-                "processed": r.processed,
-                "restored": r.restored,
-            }
-            for r in sorted(self.runners.values(), key=lambda r: (r.tp.topic, r.tp.partition))
-        }
-
-    async def _connect(self) -> None:
-        await with_startup_retry(self.settings, "Kafka consumer", self._consumer.start)
-
     async def _poll_loop(self) -> None:
-        consumer = self._consumer
+        consumer, tasks = self._consumer, self.assignment.tasks
         while not self._stopping:
             try:
                 fetched = await consumer.getmany(timeout_ms=self.settings.poll_timeout_ms)
             except KafkaError as exc:
                 if not exc.retriable:
-                    raise
+                    raise SourceError(f"Kafka consumer failed: {exc!r}", retriable=False) from exc
                 log.warning("poll failed (%r); polling again", exc)
                 await asyncio.sleep(self.settings.poll_timeout_ms / 1000)
                 continue
             for tp, records in fetched.items():
-                runner = self.runners.get(tp)
-                if runner is None:  # fetched before the listener made its runner
+                task = tasks.get((tp.topic, tp.partition))
+                if task is None:  # fetched before the listener made its task
                     self._rewind_unowned(tp, records[0].offset)
-                    continue
-                if runner.state == READY:
-                    runner.feed(records)
+                elif task.accepting:
+                    task.feed(
+                        [
+                            Message(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
+                            for r in records
+                        ]
+                    )
                 else:
-                    runner.dropped()
+                    task.dropped()
 
     def _rewind_unowned(self, tp: TopicPartition, offset: int) -> None:
         try:
@@ -137,16 +146,52 @@ class KafkaSource:
             if agent is None:
                 continue
             log.info("assigned %s[%d]", tp.topic, tp.partition)
-            runner = PartitionRunner(self.app, agent, tp, self._consumer, self.sink, self.settings)
-            self.runners[tp] = runner
-            runner.start()
+            task = self._task(agent, tp)
+            self.assignment.tasks[(tp.topic, tp.partition)] = task
+            task.start()
 
-    async def _release(self, revoked: Iterable[TopicPartition]) -> None:
-        runners = [self.runners.pop(tp) for tp in list(revoked) if tp in self.runners]
-        results = await asyncio.gather(*(r.close() for r in runners), return_exceptions=True)
-        for runner, result in zip(runners, results, strict=True):
+    def _task(self, agent: Agent, tp: TopicPartition) -> PartitionTask:
+        settings, p = self.settings, tp.partition
+        name = f"{tp.topic}[{p}]"
+        path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
+        timeout = settings.store_open_timeout_s
+
+        def open_store(spaces: list[str]) -> Store:
+            return RocksStore(path, spaces, open_timeout_s=timeout)
+
+        changelog = None
+        topic = self.app.changelog_topic(agent)
+        if topic is not None:
+            changelog = KafkaChangelog(
+                settings.kafka_bootstrap,
+                f"{self.app.id}-{agent.name}-{p}",
+                topic,
+                p,
+                timeout_s=settings.publish_timeout_s,
+                stall_timeout_s=settings.restore_stall_timeout_s,
+                retention_ms=self._retention.get(topic),
+            )
+        return PartitionTask(
+            agent,
+            p,
+            KafkaPartitionPort(self._consumer, tp, settings.auto_offset_reset),
+            name=name,
+            config=self._config,
+            decode=decode,
+            park=parker(self.sink, agent, name),
+            open_store=open_store,
+            changelog=changelog,
+            history=self.history,
+        )
+
+    async def _release(self, revoked: Iterable[tuple[str, int] | TopicPartition]) -> None:
+        tasks = self.assignment.tasks
+        keys = [(k[0], k[1]) for k in revoked]
+        closing = [tasks.pop(k) for k in keys if k in tasks]
+        results = await asyncio.gather(*(t.close() for t in closing), return_exceptions=True)
+        for task, result in zip(closing, results, strict=True):
             if isinstance(result, BaseException):
-                log.error("closing %s failed: %r", runner.name, result)
+                log.error("closing %s failed: %r", task.name, result)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -156,9 +201,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.source = source
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.source.rebalancing = True
+        self.source.assignment.rebalancing = True
         await self.source._release(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.source._acquire(assigned)
-        self.source.rebalancing = False
+        self.source.assignment.rebalancing = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from ..app import App
@@ -52,6 +53,26 @@ async def partition_counts(settings: Settings, names: list[str]) -> dict[str, in
     finally:
         await admin.close()
     return {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
+
+
+async def delete_retention_ms(settings: Settings, names: list[str]) -> dict[str, int]:
+    """``delete.retention.ms`` of each topic among ``names`` that reports it."""
+    if not names:
+        return {}
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    out: dict[str, int] = {}
+    try:
+        await with_startup_retry(settings, "topic configs", admin.start)
+        wanted = {"delete.retention.ms": None}
+        resources = [ConfigResource(ConfigResourceType.TOPIC, n, wanted) for n in names]
+        for response in await admin.describe_configs(resources):
+            for _code, _msg, _type, name, entries in response.resources:
+                for entry in entries:
+                    if entry[0] == "delete.retention.ms" and entry[1] is not None:
+                        out[name] = int(entry[1])
+    finally:
+        await admin.close()
+    return out
 
 
 async def check_topics(app: App, settings: Settings, app_ref: str) -> None:

@@ -1,9 +1,10 @@
 """An in-memory broker for users' unit tests of their agents and the quick start.
 
 Same agents, same outcomes, same failure policies and table semantics as over Kafka,
-with no broker: records are kept in partitioned lists, tables in MemoryStores. It is a
-product feature for users; streamapp's own integration tests never use it in place of
-a real broker.
+because it runs the same partition task (:mod:`streamapp.engine.task`) through an
+in-memory port: records are kept in partitioned lists, tables in MemoryStores, parked
+records go to in-memory topics. It is a product feature for users; streamapp's own
+integration tests never use it in place of a real broker.
 
     broker = MemoryBroker(app)
     broker.send("orders", Event.create("order.placed", stream_id="o-1", data={}))
@@ -17,15 +18,46 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..agent import Agent, run_batch
+from ..agent import Agent
 from ..app import App
+from ..engine.delivery import Delivery, Message
+from ..engine.parking import parker
+from ..engine.task import PartitionTask, TaskConfig
 from ..events import Event
 from ..kafka import codec
-from ..kafka.source import partition_for
-from ..outcomes import Outcome, Park
-from ..source import Message, Parker, Record, park_headers
-from ..tables.partition import PartitionTables, spaces_for
-from ..tables.store import MemoryStore
+from ..outcomes import Outcome
+from ..partitioner import partition_for
+from ..tables.store import MemoryStore, Store
+from ..tables.table import Table
+
+
+def _decode(delivery: Delivery) -> Event:
+    return codec.decode(delivery.key, delivery.value, delivery.headers)
+
+
+class _MemoryPort:
+    """A partition of an in-memory topic: the broker reads from ``position``."""
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.paused = False
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def rewind(self, position: int) -> None:
+        self.position = position
+
+    async def settle(self, position: int) -> None:
+        self.position = max(self.position, position)
+
+    async def begin(self, position: int | None, *, stateful: bool) -> int:
+        if position is not None:
+            self.position = position
+        return self.position
 
 
 class MemoryBroker:
@@ -35,8 +67,9 @@ class MemoryBroker:
         self.app = app
         self.max_attempts = max_attempts
         self.topics: dict[str, list[list[Message]]] = {}
-        self._tables: dict[tuple[str, int], PartitionTables] = {}
-        self._positions: dict[tuple[str, int], int] = {}
+        self._tasks: dict[tuple[str, int], tuple[PartitionTask, _MemoryPort]] = {}
+        self._stores: dict[tuple[str, int], MemoryStore] = {}
+        self._config = TaskConfig(redeliver_pause_s=0.0, batch_budget_s=60.0)
         for plan in app.topic_plan():
             if plan.role != "changelog":
                 self.topics[plan.name] = [[] for _ in range(plan.partitions)]
@@ -61,6 +94,17 @@ class MemoryBroker:
         partitions[p].append(record)
         return record
 
+    async def publish(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        """The broker as a sink (parking): a confirmed in-memory append."""
+        self.send_raw(topic, value, key=key, headers=headers)
+
     def records(self, topic: str) -> list[Message]:
         """Every record of ``topic``, partition by partition (e.g. a parking topic)."""
         return [r for part in self._topic(topic) for r in part]
@@ -68,12 +112,15 @@ class MemoryBroker:
     def table(self, name: str) -> _TableReader:
         """Read the committed state of table ``name`` across partitions."""
         agent, table = self.app.tables[name]
-        return _TableReader(self, agent, table.name)
+        return _TableReader(self, agent, table)
 
     def pending(self, topic: str) -> int:
         """Records of ``topic`` not settled yet."""
         parts = self._topic(topic)
-        return sum(len(part) - self._positions.get((topic, p), 0) for p, part in enumerate(parts))
+        return sum(
+            len(part) - self._port(topic, p).position if (topic, p) in self._tasks else len(part)
+            for p, part in enumerate(parts)
+        )
 
     async def process(self) -> Counter[Outcome]:
         """Run every agent until all records are settled or a partition keeps failing.
@@ -87,41 +134,47 @@ class MemoryBroker:
         return counts
 
     async def _drain(self, agent: Agent, p: int) -> Counter[Outcome]:
-        counts: Counter[Outcome] = Counter()
+        task, port = await self._task(agent, p)
         records = self._topic(agent.topic.name)[p]
-        tables = self._partition_tables(agent, p) if agent.tables else None
+        counts: Counter[Outcome] = Counter()
         attempts = 0
-        while (start := self._positions.get((agent.topic.name, p), 0)) < len(records):
-            result = await run_batch(
-                agent, records[start:], tables, codec.decode, self._park_for(agent), 60.0
-            )
-            counts.update(result.counts)
-            if tables is not None:
-                batch = tables.take_batch(start + result.settled)
-                tables.write(batch, tables.checkpoint.advanced(start + result.settled, {}))
-            self._positions[(agent.topic.name, p)] = start + result.settled
-            if result.redeliver:
+        while (start := port.position) < len(records):
+            before = Counter(task.outcomes)
+            await task.process(records[start:])
+            counts.update(Counter(task.outcomes) - before)
+            if port.position < len(records):  # stopped at a failure: a redelivery
                 attempts += 1
                 if attempts >= self.max_attempts:
                     break
         return counts
 
-    def _park_for(self, agent: Agent) -> Parker:
-        async def park(record: Record, reason: str) -> bool:
-            policy = agent.on_failure
-            assert isinstance(policy, Park)  # run_batch parks only under a Park policy
-            headers = park_headers(record, reason, agent.name)
-            self.send_raw(policy.destination, record.value, key=record.key, headers=headers)
-            return True
+    async def _task(self, agent: Agent, p: int) -> tuple[PartitionTask, _MemoryPort]:
+        key = (agent.topic.name, p)
+        if key not in self._tasks:
+            port = _MemoryPort()
+            name = f"{agent.topic.name}[{p}]"
+            task = PartitionTask(
+                agent,
+                p,
+                port,
+                name=name,
+                config=self._config,
+                decode=_decode,
+                park=parker(self, agent, name),
+                open_store=lambda spaces: self._store(agent, p, spaces),
+            )
+            await task.open()
+            self._tasks[key] = (task, port)
+        return self._tasks[key]
 
-        return park
+    def _port(self, topic: str, p: int) -> _MemoryPort:
+        return self._tasks[(topic, p)][1]
 
-    def _partition_tables(self, agent: Agent, p: int) -> PartitionTables:
+    def _store(self, agent: Agent, p: int, spaces: list[str]) -> Store:
         key = (agent.name, p)
-        if key not in self._tables:
-            store = MemoryStore(spaces_for(agent.tables))
-            self._tables[key] = PartitionTables(agent.tables, store, p)
-        return self._tables[key]
+        if key not in self._stores:
+            self._stores[key] = MemoryStore(spaces)
+        return self._stores[key]
 
     def _topic(self, topic: str) -> list[list[Message]]:
         if topic not in self.topics:
@@ -130,17 +183,22 @@ class MemoryBroker:
 
 
 class _TableReader:
-    """Committed and pending state of one table, across its partitions."""
+    """Committed state of one table, across its partitions."""
 
-    def __init__(self, broker: MemoryBroker, agent: Agent, name: str) -> None:
-        self._broker, self._agent, self._name = broker, agent, name
+    def __init__(self, broker: MemoryBroker, agent: Agent, table: Table[Any]) -> None:
+        self._broker, self._agent, self._table = broker, agent, table
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self._view(key).get(key, default)
+        raw = self._raw(key)
+        return default if raw is None else self._table.codec.loads(raw)
 
     def __getitem__(self, key: str) -> Any:
-        return self._view(key)[key]
+        raw = self._raw(key)
+        if raw is None:
+            raise KeyError(key)
+        return self._table.codec.loads(raw)
 
-    def _view(self, key: str) -> Any:
+    def _raw(self, key: str) -> bytes | None:
         p = partition_for(key.encode(), self._agent.topic.partitions)
-        return self._broker._partition_tables(self._agent, p).view(self._name)
+        store = self._broker._stores.get((self._agent.name, p))
+        return None if store is None else store.get(self._table.data_space, key.encode())

@@ -1,73 +1,39 @@
 """The tables of one source partition: overlays, the stream-version guard, the checkpoint.
 
 All tables of an agent for one partition share one Store, so a batch's changes to every
-table, the per-stream versions and the checkpoint land in one atomic write.
+table, the per-stream versions (kept once per partition, in the ``versions`` space) and
+the checkpoint land in one atomic write.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from .checkpoint import Checkpoint
 from .store import Changes, Store
 from .table import Table, TableView
 
 META = "meta"
+VERSIONS = "versions"
 CHECKPOINT_KEY = b"checkpoint"
 
 
 def spaces_for(tables: Sequence[Table[Any]]) -> list[str]:
     """The store spaces a partition of these tables needs."""
-    out = [META]
-    for t in tables:
-        out += [t.data_space, t.version_space]
-    return out
+    return [META, VERSIONS, *(t.data_space for t in tables)]
 
 
-@dataclass
-class Checkpoint:
-    """Where a partition's state stands.
-
-    ``offset`` is the next source offset to process (None: nothing processed yet);
-    ``changelog`` maps each table to the next changelog offset to restore from.
-    """
-
-    offset: int | None = None
-    changelog: dict[str, int] = field(default_factory=dict)
-    seen: dict[str, int] = field(default_factory=dict)
-    """Per table, the source offset of the last checkpoint record restored from its
-    changelog, so that a restore interrupted half-way resumes without losing it."""
-
-    def encode(self) -> bytes:
-        return orjson.dumps({"offset": self.offset, "changelog": self.changelog, "seen": self.seen})
-
-    @classmethod
-    def decode(cls, raw: bytes | None) -> Checkpoint:
-        if raw is None:
-            return cls()
-        body = orjson.loads(raw)
-        return cls(
-            offset=body.get("offset"),
-            changelog=dict(body.get("changelog") or {}),
-            seen=dict(body.get("seen") or {}),
-        )
-
-    def advanced(self, offset: int, changelog: dict[str, int]) -> Checkpoint:
-        """The checkpoint after a processed batch ending before ``offset``."""
-        positions = {**self.changelog, **changelog}
-        return Checkpoint(offset=offset, changelog=positions, seen={t: offset for t in positions})
-
-
-@dataclass
+@dataclass(frozen=True, slots=True)
 class BatchChanges:
-    """What one batch changed: per table data, per stream versions, the next offset."""
+    """What one batch changed: per table data, per stream versions, and the checkpoint
+    that holds once it is written."""
 
     data: dict[str, dict[bytes, bytes | None]]
     versions: dict[bytes, int]
-    offset: int
+    checkpoint: Checkpoint
 
     @property
     def empty(self) -> bool:
@@ -83,16 +49,29 @@ def decode_version(raw: bytes | None) -> int:
 
 
 class PartitionTables:
-    """The agent's tables for one partition, as one unit of state."""
+    """The agent's tables for one partition, as one unit of state.
 
-    def __init__(self, tables: Sequence[Table[Any]], store: Store, partition: int) -> None:
+    ``partitions`` is the source's partition count: with it, a write to a key of another
+    partition raises :class:`~streamapp.errors.ForeignKeyError`.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[Table[Any]],
+        store: Store,
+        partition: int,
+        partitions: int | None = None,
+        *,
+        where: str = "",
+    ) -> None:
         self.tables = list(tables)
         self.store = store
         self.partition = partition
-        self.views: list[TableView[Any]] = [TableView(t, store, partition) for t in tables]
+        self.views: list[TableView[Any]] = [
+            TableView(t, store, partition, partitions) for t in tables
+        ]
         self._views_by_name = {view.table.name: view for view in self.views}
-        self.checkpoint = Checkpoint.decode(store.get(META, CHECKPOINT_KEY))
-        self._vspace = self.tables[0].version_space if self.tables else None
+        self.checkpoint = Checkpoint.decode(store.get(META, CHECKPOINT_KEY), where)
         self._vbatch: dict[bytes, int] = {}
         self._vevent: dict[bytes, int] = {}
 
@@ -104,9 +83,7 @@ class PartitionTables:
             version = self._vbatch.get(key)
         if version is not None:
             return version
-        if self._vspace is None:
-            return 0
-        return decode_version(self.store.get(self._vspace, key))
+        return decode_version(self.store.get(VERSIONS, key))
 
     def record_version(self, stream_id: str, version: int) -> None:
         self._vevent[stream_id.encode()] = version
@@ -127,25 +104,37 @@ class PartitionTables:
             view._rollback_event()
         self._vevent.clear()
 
-    def take_batch(self, next_offset: int) -> BatchChanges:
-        """The open batch's changes (the overlays are emptied)."""
+    def take_batch(self, checkpoint: Checkpoint) -> BatchChanges:
+        """The open batch's changes, to hold with ``checkpoint`` (the overlays are emptied)."""
         versions, self._vbatch = self._vbatch, {}
         data = {view.table.name: view._take_batch() for view in self.views}
-        return BatchChanges(data=data, versions=versions, offset=next_offset)
+        return BatchChanges(data=data, versions=versions, checkpoint=checkpoint)
+
+    def drop_batch(self) -> None:
+        """Forget the open batch (a failed flush, or a failed event's leftovers)."""
+        self._vbatch.clear()
+        self._vevent.clear()
+        for view in self.views:
+            view._take_batch()
+            view._rollback_event()
 
     def store_changes(self, batch: BatchChanges, checkpoint: Checkpoint) -> Changes:
         """The atomic store write for ``batch`` with ``checkpoint``."""
-        encoded: dict[bytes, bytes | None] = {
-            k: encode_version(v) for k, v in batch.versions.items()
+        changes: dict[str, dict[bytes, bytes | None]] = {
+            table.data_space: batch.data.get(table.name, {}) for table in self.tables
         }
-        changes: dict[str, dict[bytes, bytes | None]] = {}
-        for table in self.tables:
-            changes[table.data_space] = batch.data.get(table.name, {})
-            changes[table.version_space] = encoded
+        changes[VERSIONS] = {k: encode_version(v) for k, v in batch.versions.items()}
         changes[META] = {CHECKPOINT_KEY: checkpoint.encode()}
         return changes
 
-    def write(self, batch: BatchChanges, checkpoint: Checkpoint) -> None:
-        """Write ``batch`` and ``checkpoint`` in one atomic store write (blocking)."""
+    def write(self, batch: BatchChanges, changelog: int | None = None) -> None:
+        """Write ``batch`` and its checkpoint in one atomic store write (blocking).
+
+        ``changelog`` is the next changelog offset once the batch is in the changelog.
+        """
+        checkpoint = batch.checkpoint.advanced(
+            changelog=self.checkpoint.changelog if changelog is None else changelog,
+            written_ms=int(time.time() * 1000),
+        )
         self.store.write(self.store_changes(batch, checkpoint))
         self.checkpoint = checkpoint

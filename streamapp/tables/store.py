@@ -8,11 +8,11 @@ never pickle) and :class:`MemoryStore` for users' unit tests.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import StoreLockedError
+from ..errors import StoreClosedError, StoreFormatError, StoreLockedError
 
 Changes = Mapping[str, Mapping[bytes, bytes | None]]
 """space -> key -> value; ``None`` deletes the key."""
@@ -23,9 +23,15 @@ class Store(Protocol):
 
     def get(self, space: str, key: bytes) -> bytes | None: ...
 
-    def items(self, space: str) -> Iterator[tuple[bytes, bytes]]: ...
+    def scan(self, space: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` items in key order, from the first key above ``after``."""
+        ...
 
     def write(self, changes: Changes) -> None: ...
+
+    def wipe(self) -> None:
+        """Remove every key of every space (a store too stale to catch up)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -39,8 +45,15 @@ class MemoryStore:
     def get(self, space: str, key: bytes) -> bytes | None:
         return self._spaces[space].get(key)
 
-    def items(self, space: str) -> Iterator[tuple[bytes, bytes]]:
-        return iter(sorted(self._spaces[space].items()))
+    def scan(self, space: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        items = sorted(self._spaces[space].items())
+        if after is not None:
+            items = [kv for kv in items if kv[0] > after]
+        return items[:limit]
+
+    def wipe(self) -> None:
+        for kv in self._spaces.values():
+            kv.clear()
 
     def write(self, changes: Changes) -> None:
         unknown = [space for space in changes if space not in self._spaces]
@@ -68,11 +81,19 @@ class RocksStore:
     """
 
     def __init__(self, path: Path, spaces: Iterable[str], *, open_timeout_s: float = 30.0) -> None:
-        from rocksdict import Options, Rdict, WriteOptions
+        from rocksdict import WriteOptions
 
         self.path = path
+        self._names = list(dict.fromkeys(spaces))
+        self._open_timeout_s = open_timeout_s
+        self._wopts = WriteOptions()
+        self._open()
+
+    def _open(self) -> None:
+        from rocksdict import Options, Rdict
+
+        path, names, open_timeout_s = self.path, self._names, self._open_timeout_s
         path.mkdir(parents=True, exist_ok=True)
-        names = list(dict.fromkeys(spaces))
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
@@ -84,6 +105,13 @@ class RocksStore:
                 self._db: Any = Rdict(str(path), opts, column_families=families)
                 break
             except Exception as exc:  # rocksdict raises plain Exception
+                if "column families not opened" in str(exc).lower():
+                    raise StoreFormatError(
+                        f"table store {path} holds spaces this app does not declare ({exc}): "
+                        "a table was removed or renamed, or an older streamapp wrote it "
+                        "(per-table stream versions). Remove the directory; the partition "
+                        "is then rebuilt from its changelog or source."
+                    ) from exc
                 if "lock" not in str(exc).lower():
                     raise
                 if time.monotonic() >= deadline:
@@ -97,15 +125,39 @@ class RocksStore:
                 delay = min(delay * 2, 1.0)
         self._cfs = {name: self._db.get_column_family(name) for name in names}
         self._handles = {name: self._db.get_column_family_handle(name) for name in names}
-        self._wopts = WriteOptions()
 
     def get(self, space: str, key: bytes) -> bytes | None:
         value: bytes | None = self._cfs[space].get(key)
         return value
 
-    def items(self, space: str) -> Iterator[tuple[bytes, bytes]]:
-        cf: Any = self._cfs[space]
-        yield from cf.items()
+    def scan(self, space: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        """A page read with a short-lived iterator: no iterator outlives the call, so a
+        caller paging through a table never keeps the store (and its LOCK) alive."""
+        if self._db is None:
+            raise StoreClosedError(f"table store {self.path} is closed (partition revoked)")
+        it: Any = self._cfs[space].iter()
+        try:
+            if after is None:
+                it.seek_to_first()
+            else:
+                it.seek(after)
+                if it.valid() and it.key() == after:
+                    it.next()
+            out: list[tuple[bytes, bytes]] = []
+            while it.valid() and len(out) < limit:
+                out.append((it.key(), it.value()))
+                it.next()
+            return out
+        finally:
+            del it
+
+    def wipe(self) -> None:
+        """Close, delete the directory, open empty again with the same spaces."""
+        from rocksdict import Options, Rdict
+
+        self.close()
+        Rdict.destroy(str(self.path), Options(raw_mode=True))
+        self._open()
 
     def write(self, changes: Changes) -> None:
         from rocksdict import WriteBatch

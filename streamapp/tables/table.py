@@ -13,6 +13,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
 
+from ..errors import ForeignKeyError
+from ..partitioner import partition_for
 from .store import Store
 
 V = TypeVar("V")
@@ -51,10 +53,6 @@ class Table(Generic[V]):
     def data_space(self) -> str:
         return "t:" + self.name
 
-    @property
-    def version_space(self) -> str:
-        return "v:" + self.name
-
     def __repr__(self) -> str:
         return f"Table({self.name!r})"
 
@@ -62,16 +60,31 @@ class Table(Generic[V]):
 class TableView(Generic[V]):
     """One partition of a table as the agent sees it during a batch."""
 
-    __slots__ = ("_batch", "_event", "_space", "_store", "codec", "partition", "table")
+    __slots__ = (
+        "_batch",
+        "_event",
+        "_owned",
+        "_partitions",
+        "_space",
+        "_store",
+        "codec",
+        "partition",
+        "table",
+    )
 
-    def __init__(self, table: Table[V], store: Store, partition: int) -> None:
+    def __init__(
+        self, table: Table[V], store: Store, partition: int, partitions: int | None = None
+    ) -> None:
         self.table = table
         self.codec = table.codec
         self.partition = partition
+        self._partitions = partitions
         self._store = store
         self._space = table.data_space
         self._batch: dict[bytes, bytes | None] = {}
         self._event: dict[bytes, bytes | None] = {}
+        self._owned: set[bytes] = set()
+        """Keys already checked to belong to this partition (murmur2 is ~3 us a key)."""
 
     def get(self, key: str, default: Any = None) -> V | Any:
         raw = self._raw(key.encode())
@@ -84,18 +97,45 @@ class TableView(Generic[V]):
         return self.codec.loads(raw)
 
     def __setitem__(self, key: str, value: V) -> None:
-        self._event[key.encode()] = self.codec.dumps(value)
+        raw = key.encode()
+        if raw not in self._owned and self._partitions is not None:
+            self._check_owned(key, raw)
+        self._event[raw] = self.codec.dumps(value)
 
     def __delitem__(self, key: str) -> None:
-        self._event[key.encode()] = None
+        raw = key.encode()
+        if raw not in self._owned and self._partitions is not None:
+            self._check_owned(key, raw)
+        self._event[raw] = None
+
+    def _check_owned(self, key: str, raw: bytes) -> None:
+        assert self._partitions is not None
+        owner = partition_for(raw, self._partitions)
+        if owner != self.partition:
+            raise ForeignKeyError(
+                f"table {self.table.name!r}: key {key!r} belongs to partition {owner}, but this "
+                f"event is handled in partition {self.partition}. A table is partitioned like "
+                "its source: write only keys of the event's own stream id (re-key the source "
+                "so that the key is the stream id)."
+            )
+        if len(self._owned) >= 100_000:
+            self._owned.clear()
+        self._owned.add(raw)
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._raw(key.encode()) is not None
 
-    def items(self) -> Iterator[tuple[str, V]]:
-        """Committed items of this partition (not the open batch's changes)."""
-        for key, raw in self._store.items(self._space):
-            yield key.decode(), self.codec.loads(raw)
+    def items(self, page: int = 1000) -> Iterator[tuple[str, V]]:
+        """Committed items of this partition (not the open batch's changes), read in
+        pages so that no store iterator outlives a page."""
+        after: bytes | None = None
+        while True:
+            rows = self._store.scan(self._space, after, page)
+            for key, raw in rows:
+                yield key.decode(), self.codec.loads(raw)
+            if len(rows) < page:
+                return
+            after = rows[-1][0]
 
     def _raw(self, key: bytes) -> bytes | None:
         raw = self._event.get(key, _MISSING)

@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamapp import App, Event, Redeliver, Table, TableView
 from streamapp.kafka import codec
-from streamapp.kafka.source import partition_for
 from streamapp.kafka.topics import create_topics as create_app_topics
+from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
 
 from .harness import WorkerProc, create_topics, lag, read_table, wait_caught_up, wait_ready
@@ -200,7 +200,7 @@ async def test_a_slow_batch_is_cut_by_the_budget_and_flushed_in_parts(
         assert behind[-1] == 0
         partial = {n for n in behind if 0 < n < 60}
         assert len(partial) >= 2, behind  # committed in several parts, not once at the end
-        runner = next(iter(worker.source.runners.values()))
+        runner = next(iter(worker.source.assignment.tasks.values()))
         assert runner.tables is not None
         view = runner.tables.views[0]
         assert [view.get(f"k{i}") for i in range(3)] == [20, 20, 20]

@@ -72,7 +72,7 @@ async def test_restart_after_clean_stop_resumes_from_checkpoint(
         assert len(parts) == 8
         for name, part in parts.items():
             p = int(name.rsplit("[", 1)[1].rstrip("]"))
-            assert part["start_offset"] == ends[p] > 0, (name, part)  # not offset 0
+            assert part["start_position"] == ends[p] > 0, (name, part)  # not offset 0
             assert part["processed"] == 0
             assert part["restored"] == 0  # the local store was current
 

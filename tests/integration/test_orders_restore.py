@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from streamapp import Event
-from streamapp.kafka.source import partition_for
+from streamapp.partitioner import partition_for
 
 from .harness import (
     WorkerProc,
@@ -65,7 +65,7 @@ async def test_restore_of_a_big_partition_does_not_stall_the_others(
                 status = await b.status()
                 parts = (status or {}).get("partitions", {})
                 p0 = parts.get(f"{topic}[0]")
-                if p0 and p0["state"] == "restoring":
+                if p0 and p0["phase"] == "restoring":
                     others = sum(p["processed"] for n, p in parts.items() if not n.endswith("[0]"))
                     processed_while_restoring |= others > 0
                     async with http.get(
@@ -77,7 +77,7 @@ async def test_restore_of_a_big_partition_does_not_stall_the_others(
                         else:
                             assert r.status == 503
                             assert r.headers["Retry-After"]
-                if p0 and p0["state"] == "ready" and status and status["ready"]:
+                if p0 and p0["phase"] == "live" and status and status["ready"]:
                     break
                 await asyncio.sleep(0.02)
         assert processed_while_restoring, b.log_text()[-3000:]

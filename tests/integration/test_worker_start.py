@@ -23,7 +23,7 @@ async def test_missing_topics_are_named_and_not_created(
     out = worker.log_text()
     assert code != 0
     assert f"{ns}orders" in out
-    assert f"{ns}orders-order_status-changelog" in out
+    assert f"{ns}orders-project_order_status-changelog" in out
     assert "streamapp topics create -A agents.orders:app" in out
     assert "Traceback" not in out  # a clear message, not a stack trace
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)

@@ -10,8 +10,8 @@ import pytest
 from streamapp import App, ConfigError, Event, Outcome, Park, Redeliver, Table, TableView
 from streamapp.agent import handle
 from streamapp.errors import DecodeError
-from streamapp.kafka.source import partition_for
 from streamapp.memory.broker import MemoryBroker
+from streamapp.partitioner import partition_for
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
 
@@ -358,29 +358,25 @@ def test_topic_plan() -> None:
     plan = {p.name: p for p in app.topic_plan()}
     assert set(plan) == {
         "orders",
-        "shop-status-changelog",
-        "shop-totals-changelog",
+        "shop-noop-changelog",
         "orders.parked",
         "payments",
-        "shop-paid-changelog",
+        "shop-payer-changelog",
     }
     assert (plan["orders"].partitions, plan["orders"].compacted, plan["orders"].role) == (
         6,
         False,
         "source",
     )
-    for name in ("shop-status-changelog", "shop-totals-changelog"):
+    for name in ("shop-noop-changelog",):
         assert (plan[name].partitions, plan[name].compacted, plan[name].role) == (
             6,
             True,
             "changelog",
         )
-    assert plan["shop-paid-changelog"].partitions == 3
-    assert plan["shop-paid-changelog"].compacted
+    assert plan["shop-payer-changelog"].partitions == 3
+    assert plan["shop-payer-changelog"].compacted
     assert plan["orders.parked"].role == "parking"
     assert not plan["orders.parked"].compacted
     assert plan["payments"].partitions == 3
-    assert app.changelog_topics(app.agents["noop"]) == {
-        "status": "shop-status-changelog",
-        "totals": "shop-totals-changelog",
-    }
+    assert app.changelog_topic(app.agents["noop"]) == "shop-noop-changelog"  # one per agent

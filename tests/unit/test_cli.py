@@ -37,7 +37,7 @@ def test_topics_list_shows_the_plan() -> None:
     assert result.exit_code == 0, result.output
     lines = [line.split("\t") for line in result.output.splitlines()]
     assert ["orders", "8 partitions", "source"] in lines
-    assert ["orders-order_status-changelog", "8 partitions", "changelog"] in lines
+    assert ["orders-project_order_status-changelog", "8 partitions", "changelog"] in lines
     assert ["orders.parked", "8 partitions", "parking"] in lines
 
 

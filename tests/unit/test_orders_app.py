@@ -31,8 +31,8 @@ def test_reference_app_wiring() -> None:
     assert project_order_status.on_failure == Park(PARKED)
     plan = {p.name: p for p in app.topic_plan()}
     assert plan["orders"].partitions == 8
-    assert plan["orders-order_status-changelog"].compacted
-    assert plan["orders-order_status-changelog"].partitions == 8
+    assert plan["orders-project_order_status-changelog"].compacted
+    assert plan["orders-project_order_status-changelog"].partitions == 8
     assert plan[PARKED].role == "parking"
 
 

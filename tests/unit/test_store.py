@@ -30,7 +30,7 @@ class TestStoreContract:
     def test_empty(self, store: Store) -> None:
         for space in SPACES:
             assert store.get(space, b"k") is None
-            assert list(store.items(space)) == []
+            assert store.scan(space, None, 1000) == []
 
     def test_write_get_items_per_space(self, store: Store) -> None:
         store.write({"t:a": {b"k2": b"a2", b"k1": b"a1"}, "t:b": {b"k1": b"b1"}})
@@ -39,13 +39,13 @@ class TestStoreContract:
         assert store.get("t:b", b"k1") == b"b1"
         assert store.get("t:b", b"k2") is None
         assert store.get("meta", b"k1") is None
-        assert list(store.items("t:a")) == [(b"k1", b"a1"), (b"k2", b"a2")]
-        assert list(store.items("t:b")) == [(b"k1", b"b1")]
+        assert store.scan("t:a", None, 1000) == [(b"k1", b"a1"), (b"k2", b"a2")]
+        assert store.scan("t:b", None, 1000) == [(b"k1", b"b1")]
 
     def test_items_in_bytewise_key_order(self, store: Store) -> None:
         keys = [b"\xff", b"b", b"a", b"\x00\x01", b"aa", b""]
         store.write({"t:a": {k: b"v" + k for k in keys}})
-        assert [k for k, _ in store.items("t:a")] == sorted(keys)
+        assert [k for k, _ in store.scan("t:a", None, 1000)] == sorted(keys)
 
     def test_overwrite_and_delete(self, store: Store) -> None:
         store.write({"t:a": {b"k": b"1", b"gone": b"x"}})
@@ -53,7 +53,7 @@ class TestStoreContract:
         assert store.get("t:a", b"k") == b"2"
         assert store.get("t:a", b"gone") is None
         assert store.get("t:a", b"never") is None
-        assert list(store.items("t:a")) == [(b"k", b"2")]
+        assert store.scan("t:a", None, 1000) == [(b"k", b"2")]
 
     def test_binary_keys_and_values(self, store: Store) -> None:
         key, value = bytes(range(256)), b"\x00" * 10 + b"\xff"
@@ -76,7 +76,24 @@ class TestStoreContract:
         store.write({"t:a": {b"x": b"1"}})
         store.write({})
         store.write({"t:a": {}, "t:b": {}})
-        assert list(store.items("t:a")) == [(b"x", b"1")]
+        assert store.scan("t:a", None, 1000) == [(b"x", b"1")]
+
+    def test_scan_pages_after_a_key(self, store: Store) -> None:
+        store.write({"t:a": {bytes([i]): b"v" for i in range(10)}})
+        first = store.scan("t:a", None, 4)
+        assert [k for k, _ in first] == [bytes([i]) for i in range(4)]
+        rest = store.scan("t:a", first[-1][0], 100)
+        assert [k for k, _ in rest] == [bytes([i]) for i in range(4, 10)]
+        assert store.scan("t:a", b"\x09", 5) == []
+        assert store.scan("t:a", b"\x03\x00", 2) == [(b"\x04", b"v"), (b"\x05", b"v")]
+
+    def test_wipe_empties_every_space(self, store: Store) -> None:
+        store.write({"t:a": {b"x": b"1"}, "meta": {b"checkpoint": b"c"}})
+        store.wipe()
+        assert store.get("t:a", b"x") is None
+        assert store.get("meta", b"checkpoint") is None
+        store.write({"t:b": {b"y": b"2"}})
+        assert store.get("t:b", b"y") == b"2"
 
     def test_failed_write_is_all_or_nothing(self, store: Store) -> None:
         store.write({"t:a": {b"x": b"old"}})
@@ -101,7 +118,7 @@ def test_rocks_durable_across_close_and_reopen(tmp_path: Path) -> None:
         assert again.get("t:a", b"del") is None
         assert again.get("t:b", b"k") == b"w"
         assert again.get("meta", b"checkpoint") == b"c1"
-        assert list(again.items("t:a")) == [(b"k", b"v")]
+        assert again.scan("t:a", None, 1000) == [(b"k", b"v")]
     finally:
         again.close()
 
@@ -175,3 +192,26 @@ def test_rocks_close_is_idempotent(tmp_path: Path) -> None:
     store.close()
     reopened = RocksStore(tmp_path / "db", SPACES, open_timeout_s=0.3)
     reopened.close()
+
+
+def test_rocks_scan_after_close_is_a_clear_error_and_holds_no_lock(tmp_path: Path) -> None:
+    from streamapp.errors import StoreClosedError
+
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)
+    store.write({"t:a": {bytes([i]): b"v" for i in range(5)}})
+    page = store.scan("t:a", None, 2)  # a reader part-way through a table
+    store.close()
+    again = RocksStore(tmp_path / "db", SPACES, open_timeout_s=0.5)  # the LOCK is free
+    again.close()
+    with pytest.raises(StoreClosedError, match="closed"):
+        store.scan("t:a", page[-1][0], 2)
+
+
+def test_rocks_store_with_undeclared_spaces_is_refused_clearly(tmp_path: Path) -> None:
+    from streamapp.errors import StoreFormatError
+
+    old = RocksStore(tmp_path / "db", ["meta", "t:a", "v:a"], open_timeout_s=1)
+    old.write({"v:a": {b"o-1": b"\x00" * 8}})
+    old.close()
+    with pytest.raises(StoreFormatError, match="Remove the directory"):
+        RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)

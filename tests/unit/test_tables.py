@@ -8,10 +8,13 @@ import orjson
 import pytest
 
 from streamapp import Table
+from streamapp.errors import ForeignKeyError, StoreFormatError
+from streamapp.partitioner import partition_for
+from streamapp.tables import changelog
+from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import (
     CHECKPOINT_KEY,
     META,
-    Checkpoint,
     PartitionTables,
     decode_version,
     encode_version,
@@ -36,11 +39,11 @@ def pt(tables: tuple[Table[Any], Table[Any]], store: MemoryStore) -> PartitionTa
 
 
 def flush(pt: PartitionTables, offset: int) -> None:
-    pt.write(pt.take_batch(offset), pt.checkpoint.advanced(offset, {}))
+    pt.write(pt.take_batch(Checkpoint(live=offset)))
 
 
 def test_spaces_for() -> None:
-    assert spaces_for([Table("a"), Table("b")]) == ["meta", "t:a", "v:a", "t:b", "v:b"]
+    assert spaces_for([Table("a"), Table("b")]) == ["meta", "versions", "t:a", "t:b"]
 
 
 @pytest.mark.parametrize("name", ["", "has space", "a/b", "x:y"])
@@ -123,7 +126,7 @@ def test_rollback_event_discards_only_current_event(pt: PartitionTables) -> None
     assert "a" not in totals
     assert pt.applied_version("a") == 1
     assert pt.applied_version("b") == 0
-    batch = pt.take_batch(5)
+    batch = pt.take_batch(Checkpoint(live=5))
     assert batch.data == {"status": {b"a": orjson.dumps("first")}, "totals": {}}
     assert batch.versions == {b"a": 1}
 
@@ -150,8 +153,8 @@ def test_take_batch_returns_changes_and_empties_overlays(pt: PartitionTables) ->
     pt.commit_event()
     status["uncommitted"] = 1  # an event still open is not part of the batch
 
-    batch = pt.take_batch(11)
-    assert batch.offset == 11
+    batch = pt.take_batch(Checkpoint(live=11))
+    assert batch.checkpoint == Checkpoint(live=11)
     assert batch.data == {
         "status": {b"a": orjson.dumps({"n": 1}), b"gone": None},
         "totals": {b"t": orjson.dumps(5)},
@@ -159,7 +162,7 @@ def test_take_batch_returns_changes_and_empties_overlays(pt: PartitionTables) ->
     assert batch.versions == {b"a": 3}
     assert not batch.empty
 
-    again = pt.take_batch(12)
+    again = pt.take_batch(Checkpoint(live=12))
     assert again.empty
     assert again.data == {"status": {}, "totals": {}}
     assert again.versions == {}
@@ -168,7 +171,7 @@ def test_take_batch_returns_changes_and_empties_overlays(pt: PartitionTables) ->
 
 def test_empty_batch() -> None:
     pt = PartitionTables([Table("x")], MemoryStore(spaces_for([Table("x")])), 0)
-    assert pt.take_batch(0).empty
+    assert pt.take_batch(Checkpoint(live=0)).empty
 
 
 def test_later_event_overrides_earlier_in_batch(pt: PartitionTables) -> None:
@@ -179,32 +182,26 @@ def test_later_event_overrides_earlier_in_batch(pt: PartitionTables) -> None:
     status["k"] = 2
     pt.record_version("k", 2)
     pt.commit_event()
-    batch = pt.take_batch(2)
+    batch = pt.take_batch(Checkpoint(live=2))
     assert batch.data["status"] == {b"k": orjson.dumps(2)}
     assert batch.versions == {b"k": 2}
 
 
 def test_checkpoint_encode_decode() -> None:
     assert Checkpoint.decode(None) == Checkpoint()
-    assert Checkpoint().offset is None
-    cp = Checkpoint(offset=42, changelog={"status": 7}, seen={"status": 40})
+    assert Checkpoint().live is None
+    cp = Checkpoint(live=42, history=7, caught_up=True, changelog=9, written_ms=5)
     assert Checkpoint.decode(cp.encode()) == cp
-    assert orjson.loads(cp.encode()) == {
-        "offset": 42,
-        "changelog": {"status": 7},
-        "seen": {"status": 40},
-    }
-    assert Checkpoint.decode(b'{"offset": 3}') == Checkpoint(offset=3)
+    assert orjson.loads(cp.encode())["format"] == 2
+    assert orjson.loads(cp.positions()) == {"live": 42, "history": 7, "caught_up": True}
+    assert Checkpoint(changelog=3).with_positions(cp.positions()) == Checkpoint(
+        live=42, history=7, caught_up=True, changelog=3
+    )
 
 
-def test_checkpoint_advanced() -> None:
-    cp = Checkpoint(offset=3, changelog={"b": 2}, seen={"b": 1})
-    nxt = cp.advanced(10, {"a": 5})
-    assert nxt.offset == 10
-    assert nxt.changelog == {"b": 2, "a": 5}
-    assert nxt.seen == {"a": 10, "b": 10}
-    assert cp == Checkpoint(offset=3, changelog={"b": 2}, seen={"b": 1})  # unchanged
-    assert cp.advanced(11, {"b": 9}).changelog == {"b": 9}
+def test_checkpoint_of_an_older_layout_is_refused_clearly() -> None:
+    with pytest.raises(StoreFormatError, match=r"format 1.*Remove the store"):
+        Checkpoint.decode(b'{"offset": 3, "changelog": {"status": 2}}', "orders[3]")
 
 
 def test_version_encoding() -> None:
@@ -218,7 +215,7 @@ def test_version_encoding() -> None:
     ]
 
 
-def test_store_changes_one_write_with_data_versions_and_checkpoint(
+def test_store_changes_one_write_with_data_versions_once_and_checkpoint(
     pt: PartitionTables,
 ) -> None:
     status, totals = pt.views
@@ -226,14 +223,13 @@ def test_store_changes_one_write_with_data_versions_and_checkpoint(
     del totals["o-2"]
     pt.record_version("o-1", 258)
     pt.commit_event()
-    batch = pt.take_batch(9)
-    cp = pt.checkpoint.advanced(9, {"status": 4})
+    batch = pt.take_batch(Checkpoint(live=9))
+    cp = batch.checkpoint.advanced(changelog=4)
     changes = pt.store_changes(batch, cp)
-    assert set(changes) == {"meta", "t:status", "v:status", "t:totals", "v:totals"}
+    assert set(changes) == {"meta", "versions", "t:status", "t:totals"}
     assert changes["t:status"] == {b"o-1": orjson.dumps("paid")}
     assert changes["t:totals"] == {b"o-2": None}
-    assert changes["v:status"] == {b"o-1": b"\x00\x00\x00\x00\x00\x00\x01\x02"}
-    assert changes["v:totals"] == {b"o-1": b"\x00\x00\x00\x00\x00\x00\x01\x02"}
+    assert changes["versions"] == {b"o-1": b"\x00\x00\x00\x00\x00\x00\x01\x02"}
     assert changes[META] == {CHECKPOINT_KEY: cp.encode()}
 
 
@@ -243,13 +239,13 @@ def test_write_persists_checkpoint_and_a_new_partition_reads_it(
     pt.views[0]["k"] = "v"
     pt.record_version("k", 2)
     pt.commit_event()
-    cp = pt.checkpoint.advanced(17, {"status": 3})
-    pt.write(pt.take_batch(17), cp)
-    assert pt.checkpoint == cp
+    pt.write(pt.take_batch(Checkpoint(live=17, history=4)), changelog=3)
+    cp = pt.checkpoint
+    assert (cp.live, cp.history, cp.changelog) == (17, 4, 3)
+    assert cp.written_ms > 0
     assert Checkpoint.decode(store.get(META, CHECKPOINT_KEY)) == cp
     reopened = PartitionTables(tables, store, partition=3)
     assert reopened.checkpoint == cp
-    assert reopened.checkpoint.offset == 17
     assert reopened.applied_version("k") == 2
     assert reopened.views[0]["k"] == "v"
 
@@ -261,7 +257,7 @@ def test_applied_version_reads_event_then_batch_then_store(
     pt.record_version("s", 3)
     pt.commit_event()
     flush(pt, 1)
-    assert store.get("v:status", b"s") == encode_version(3)
+    assert store.get("versions", b"s") == encode_version(3)
     assert pt.applied_version("s") == 3
     pt.record_version("s", 4)
     pt.commit_event()
@@ -270,7 +266,7 @@ def test_applied_version_reads_event_then_batch_then_store(
     assert pt.applied_version("s") == 5  # event overlay
     pt.rollback_event()
     assert pt.applied_version("s") == 4
-    pt.take_batch(2)  # dropped without write: back to the store
+    pt.drop_batch()  # dropped without write: back to the store
     assert pt.applied_version("s") == 3
 
 
@@ -278,6 +274,54 @@ def test_partition_without_tables() -> None:
     pt = PartitionTables([], MemoryStore(spaces_for([])), 0)
     assert pt.views == []
     assert pt.applied_version("s") == 0
-    assert pt.store_changes(pt.take_batch(1), Checkpoint(offset=1)) == {
-        META: {CHECKPOINT_KEY: Checkpoint(offset=1).encode()}
+    cp = Checkpoint(live=1)
+    assert pt.store_changes(pt.take_batch(cp), cp) == {
+        "versions": {},
+        META: {CHECKPOINT_KEY: cp.encode()},
     }
+
+
+def test_write_to_a_key_of_another_partition_is_a_clear_error() -> None:
+    status = Table("status")
+    own = partition_for(b"o-1", 8)
+    pt = PartitionTables([status], MemoryStore(spaces_for([status])), own, 8)
+    view = pt.views[0]
+    view["o-1"] = "mine"
+    other = next(k for k in (f"c-{i}" for i in range(100)) if partition_for(k.encode(), 8) != own)
+    with pytest.raises(ForeignKeyError) as err:
+        view[other] = "not mine"
+    message = str(err.value)
+    assert "'status'" in message
+    assert repr(other) in message
+    assert f"partition {partition_for(other.encode(), 8)}" in message
+    assert f"partition {own}" in message
+    with pytest.raises(ForeignKeyError):
+        del view[other]
+    assert view.get("o-1") == "mine"
+
+
+def test_changelog_records_restore_into_an_empty_partition(
+    tables: tuple[Table[Any], Table[Any]], pt: PartitionTables
+) -> None:
+    status, totals = pt.views
+    status["a"] = "paid"
+    totals["a"] = 3
+    del status["gone"]
+    pt.record_version("a", 5)
+    pt.commit_event()
+    batch = pt.take_batch(Checkpoint(live=40, history=12, caught_up=True))
+    recs = list(changelog.records(batch))
+    assert recs[-1][0] == changelog.CHECKPOINT
+
+    fresh = PartitionTables(tables, MemoryStore(spaces_for(tables)), 3)
+    chunk = changelog.RestoreChunk(fresh)
+    for key, value in recs:
+        chunk.apply(key, value)
+    chunk.apply(b"d" + b"dropped_table\x00k", b"1")
+    chunk.write(fresh, changelog=len(recs))
+    assert chunk.skipped == 1
+    assert fresh.views[0]["a"] == "paid"
+    assert fresh.views[1]["a"] == 3
+    assert fresh.applied_version("a") == 5
+    cp = fresh.checkpoint
+    assert (cp.live, cp.history, cp.caught_up, cp.changelog) == (40, 12, True, len(recs))

@@ -1,0 +1,54 @@
+"""Parking: a failed delivery is published, with its reason, to the policy's destination.
+
+The original counts as settled only once the sink confirmed the copy; a park that fails
+leaves the delivery unsettled, so it is redelivered instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..agent import Agent
+from ..outcomes import Park
+from .delivery import Delivery, Parker, park_headers
+
+log = logging.getLogger("streamapp.partition")
+
+
+class Publisher(Protocol):
+    async def publish(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None: ...
+
+
+def parker(sink: Publisher | None, agent: Agent, name: str) -> Parker:
+    """The Parker of ``agent``'s partition ``name``: confirmed publishes through ``sink``."""
+
+    async def park(delivery: Delivery, reason: str) -> bool:
+        policy = agent.on_failure
+        if not isinstance(policy, Park):
+            return False
+        if sink is None:
+            log.error("%s: cannot park position %d: no broker to park to", name, delivery.position)
+            return False
+        headers = park_headers(delivery, reason, agent.name)
+        try:
+            await sink.publish(
+                policy.destination, delivery.value, key=delivery.key, headers=headers
+            )
+        except Exception as exc:
+            log.error("%s: parking position %d failed: %s", name, delivery.position, exc)
+            return False
+        log.warning(
+            "%s: parked position %d to %s: %s", name, delivery.position, policy.destination, reason
+        )
+        return True
+
+    return park

@@ -1,0 +1,404 @@
+"""The partition task: the life of one source partition, the same for every transport.
+
+Between assignment and revocation the task opens the partition's store, restores it
+from its changelog, replays the event store when the agent has a history (catch-up),
+hands over to live deliveries, runs batches through the agent, commits them in the one
+documented order (:meth:`PartitionTask._commit`), rewinds with back-off when a commit
+fails, and parks what the policy parks. The transport only gives it a
+:class:`~streamapp.engine.port.PartitionPort` and, when state must survive a move, a
+:class:`~streamapp.engine.port.Changelog`.
+
+While the task works (a batch, a restore, a catch-up), its partition is paused at the
+source, so the transport's poll loop keeps polling (heartbeats, other partitions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .. import structured
+from ..agent import Agent, BatchResult, run_batch
+from ..errors import ConfigError, FencedError
+from ..events import Event
+from ..outcomes import Outcome
+from ..tables.checkpoint import Checkpoint
+from ..tables.partition import PartitionTables, spaces_for
+from ..tables.store import Store
+from .delivery import Decoder, Delivery, Parker
+from .pace import Pace, pause
+from .phase import Phase
+from .port import Changelog, PartitionPort
+
+log = logging.getLogger("streamapp.partition")
+
+StoreOpener = Callable[[list[str]], Store]
+"""Opens the partition's store with these spaces (blocking: called in a thread)."""
+
+
+class HistoryFeed(Protocol):
+    """Replays the event store into tasks that catch up (one reader per worker)."""
+
+    async def catch_up(self, task: PartitionTask) -> None:
+        """Return once ``task``'s tables hold every stored event of its partition up to
+        the store's head (the feed calls :meth:`PartitionTask.apply_history`)."""
+
+    async def live_start(self, task: PartitionTask) -> int | None:
+        """Where the live source should start after the handover (None: unknown)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskConfig:
+    """The settings a task reads (see :class:`~streamapp.settings.Settings`)."""
+
+    max_batch_records: int = 2000
+    batch_budget_s: float = 10.0
+    redeliver_pause_s: float = 0.5
+    close_budget_s: float = 30.0
+
+
+class PartitionTask:
+    """Processes one partition of one agent's source."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        partition: int,
+        port: PartitionPort,
+        *,
+        name: str,
+        config: TaskConfig,
+        decode: Decoder,
+        park: Parker,
+        open_store: StoreOpener | None = None,
+        changelog: Changelog | None = None,
+        history: HistoryFeed | None = None,
+    ) -> None:
+        self.agent, self.partition, self.port, self.name = agent, partition, port, name
+        self.config, self._decode, self._park = config, decode, park
+        self._open_store, self.changelog, self.history = open_store, changelog, history
+        self.phase = Phase.RESTORING
+        self.busy = False
+        self.tables: PartitionTables | None = None
+        self.next_position: int | None = None
+        self.start_position: int | None = None
+        self.processed = 0
+        self.restored = 0
+        self.replayed = 0
+        self.outcomes: dict[Outcome, int] = {}
+        """Outcomes of every delivery handled, live and replayed."""
+        self._opening: asyncio.Task[None] | None = None
+        self._batch: asyncio.Future[Any] | None = None
+        self._reseek = False
+        self._closing = asyncio.Event()
+
+    # lifecycle -------------------------------------------------------------------
+    @property
+    def accepting(self) -> bool:
+        """True when live deliveries may be fed (live and idle)."""
+        return self.phase is Phase.LIVE and not self.busy
+
+    def start(self) -> None:
+        """Pause the partition, then open, restore and catch up in the background."""
+        self.port.pause()
+        self._opening = asyncio.create_task(self.open(), name=f"open {self.name}")
+
+    async def open(self) -> None:
+        """Open, restore, catch up and go live, retrying with back-off: a partition is
+        never left paused without an owner task (a lock still held, a broker hiccup)."""
+        pace = Pace(self._closing)
+        while self.phase in (Phase.RESTORING, Phase.CATCHING_UP):
+            try:
+                await self._open_tables()
+                await self._catch_up()
+                await self._go_live()
+                return
+            except asyncio.CancelledError:
+                raise
+            except FencedError as exc:
+                self._lost(exc)
+                return
+            except ConfigError:
+                raise
+            except Exception as exc:
+                log.error("%s: opening failed (%r); retrying in %.1fs", self.name, exc, pace.delay)
+                await self._release()
+                self.phase = Phase.RESTORING
+                await pace.wait()
+
+    async def close(self) -> None:
+        """Finish the batch in hand (it commits), then close the changelog and store."""
+        self.phase = Phase.CLOSED
+        self._closing.set()  # ends a redelivery pause and stops between chunks
+        batch = self._batch
+        if batch is not None and not batch.done():
+            budget = self.config.close_budget_s
+            try:
+                await asyncio.wait_for(asyncio.shield(batch), budget)
+            except Exception as exc:
+                log.warning("%s: batch did not finish in %.0fs: %r", self.name, budget, exc)
+        for task in (self._opening, batch):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self._release()
+        log.info("closed %s at position %s", self.name, self.next_position)
+
+    async def _release(self) -> None:
+        """Close the changelog and the store, whatever fails on the way."""
+        tables, self.tables = self.tables, None
+        try:
+            if self.changelog is not None:
+                await self.changelog.close()
+        except Exception as exc:
+            log.warning("%s: closing the changelog failed: %r", self.name, exc)
+        finally:
+            if tables is not None:
+                tables.store.close()
+
+    def _lost(self, exc: BaseException) -> None:
+        self.phase = Phase.LOST
+        log.error(
+            "%s: another worker took the partition over (%r); this worker no longer owns it "
+            "and leaves it paused until the group revokes it",
+            self.name,
+            exc,
+        )
+
+    # opening -----------------------------------------------------------------------
+    async def _open_tables(self) -> None:
+        agent = self.agent
+        if not agent.tables or self._open_store is None:
+            return
+        opener = self._open_store
+        opening = asyncio.ensure_future(asyncio.to_thread(opener, spaces_for(agent.tables)))
+        try:  # the open may wait for a previous owner's lock: off the loop
+            store = await asyncio.shield(opening)
+        except asyncio.CancelledError:  # closed meanwhile: close the store once open
+            opening.add_done_callback(_close_when_opened)
+            raise
+        try:
+            self.tables = PartitionTables(
+                agent.tables, store, self.partition, agent.topic.partitions, where=self.name
+            )
+        except BaseException:
+            store.close()
+            raise
+        if self.changelog is not None:
+            self.restored = await self.changelog.open(self.tables)
+
+    async def _catch_up(self) -> None:
+        tables = self.tables
+        if self.agent.history is None or tables is None or tables.checkpoint.caught_up:
+            return
+        if self.history is None:
+            raise ConfigError(
+                f"agent {self.agent.name!r} declares a history, but this worker has no "
+                "event store feed for it (setting event_store)"
+            )
+        self.phase = Phase.CATCHING_UP
+        await self.history.catch_up(self)
+        if self.phase is not Phase.CATCHING_UP:
+            return
+        await self._commit(tables.checkpoint.advanced(caught_up=True), None)
+        log.info("%s caught up at store position %s", self.name, tables.checkpoint.history)
+
+    async def _go_live(self) -> None:
+        """Start live delivery where this partition's state stands, then resume it."""
+        if self.phase not in (Phase.RESTORING, Phase.CATCHING_UP):
+            return
+        tables = self.tables
+        if tables is None:
+            start = await self.port.begin(None, stateful=False)
+        else:
+            position = tables.checkpoint.live
+            if position is None and self.history is not None and self.agent.history:
+                position = await self.history.live_start(self)
+            start = await self.port.begin(position, stateful=True)
+        self.next_position = self.start_position = start
+        self._reseek = False
+        self.phase = Phase.LIVE
+        self.port.resume()
+        log.info("live %s at position %d", self.name, start)
+
+    # live deliveries -----------------------------------------------------------------
+    def feed(self, deliveries: Sequence[Delivery]) -> None:
+        """Take fetched deliveries: process them in the background, partition paused."""
+        start = self.next_position or 0
+        if deliveries and deliveries[0].position < start:  # already applied (a seek raced)
+            deliveries = [d for d in deliveries if d.position >= start]
+        if not deliveries:
+            return
+        self.busy = True
+        self.port.pause()
+        self._batch = asyncio.create_task(self.process(deliveries), name=f"batch {self.name}")
+        self._batch.add_done_callback(self._batch_done)
+
+    def dropped(self) -> None:
+        """Deliveries arrived while not accepting: rewind before resuming."""
+        self._reseek = True
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: batch task died: %r", self.name, task.exception())
+            self.phase = Phase.LOST
+
+    async def process(self, deliveries: Sequence[Delivery]) -> None:
+        """Run live ``deliveries`` (in order) through the agent, commit, then resume."""
+        config = self.config
+        wait_s = 0.0
+        try:
+            size = config.max_batch_records
+            for i in range(0, len(deliveries), size):
+                if self.phase is not Phase.LIVE:  # closed: the next owner starts at our checkpoint
+                    return
+                chunk = deliveries[i : i + size]
+                result = await self._run(chunk, self._decode, config.batch_budget_s)
+                if result.settled:
+                    position = chunk[result.settled - 1].position + 1
+                    await self._commit_live(position, result.settled)
+                if result.settled < len(chunk):
+                    self._rewind(chunk[result.settled].position)
+                    if result.redeliver:
+                        policy_pause = getattr(self.agent.on_failure, "pause_s", None)
+                        wait_s = policy_pause or config.redeliver_pause_s
+                    break
+        except FencedError as exc:
+            self._lost(exc)
+            return
+        except Exception as exc:
+            log.error("%s: batch failed, rewinding to %s: %r", self.name, self.next_position, exc)
+            if not await self._recover():
+                return
+            wait_s = config.redeliver_pause_s
+        await pause(self._closing, wait_s)
+        if self.phase is not Phase.LIVE:
+            return
+        if self._reseek and self.next_position is not None:
+            self._rewind(self.next_position)
+        self.busy = False
+        self.port.resume()
+
+    async def _run(self, chunk: Sequence[Delivery], decode: Decoder, budget: float) -> BatchResult:
+        result = await run_batch(self.agent, chunk, self.tables, decode, self._park, budget)
+        outcomes = self.outcomes
+        for outcome, n in result.counts.items():
+            outcomes[outcome] = outcomes.get(outcome, 0) + n
+        return result
+
+    async def _commit_live(self, position: int, settled: int) -> None:
+        tables = self.tables
+        cp = tables.checkpoint.advanced(live=position) if tables is not None else Checkpoint()
+        await self._commit(cp, position)
+        self.next_position = position
+        self.processed += settled
+
+    def _rewind(self, position: int) -> None:
+        self.port.rewind(position)
+        self._reseek = False
+
+    # event-store history -----------------------------------------------------------
+    def history_position(self) -> int:
+        """The next event-store position this partition needs (1: nothing replayed)."""
+        tables = self.tables
+        return (tables.checkpoint.history or 1) if tables is not None else 1
+
+    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+        """Apply stored events of this partition, read up to ``next_position`` (exclusive),
+        and commit with the store position. False when an event failed under Redeliver:
+        the position stops before it, and the feed tries again after a pause."""
+        if self.phase not in (Phase.CATCHING_UP, Phase.LIVE) or self.tables is None:
+            return False
+        work = asyncio.ensure_future(self._apply_history(deliveries, next_position))
+        self._batch = work
+        try:
+            ok = await asyncio.shield(work)
+        except FencedError as exc:
+            self._lost(exc)
+            return False
+        return ok
+
+    async def _apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+        result = await self._run(deliveries, decode_stored, math.inf)
+        tables = self.tables
+        assert tables is not None
+        done = next_position if result.settled == len(deliveries) else None
+        if done is None:
+            done = deliveries[result.settled].position
+        await self._commit(tables.checkpoint.advanced(history=done), None)
+        self.replayed += result.settled
+        return result.settled == len(deliveries)
+
+    # the commit order --------------------------------------------------------------
+    async def _commit(self, checkpoint: Checkpoint, settle_at: int | None) -> None:
+        """Commit the open batch with ``checkpoint``. The one commit order of streamapp:
+
+        1. the changelog gets the batch's changes and checkpoint, atomically (on Kafka a
+           transaction; a new owner restores only committed batches);
+        2. the store gets the same changes and checkpoint in one atomic write;
+        3. the source settles up to ``settle_at`` (offset commit, acks).
+
+        A crash between 1 and 2 leaves the store behind its changelog: the next open
+        restores the tail. A crash between 2 and 3 leaves the source behind the store:
+        the checkpoint says where to resume, and the stream-version guard skips what a
+        redelivery repeats. Nothing is settled before it is durable in the table.
+        """
+        tables = self.tables
+        if tables is not None:
+            batch = tables.take_batch(checkpoint)
+            position = await self.changelog.write(batch) if self.changelog is not None else None
+            # Synchronous on purpose: rocksdict holds the GIL while writing, so a thread
+            # would not free the loop, and a write must never race the store's close.
+            tables.write(batch, position)
+        if settle_at is not None:
+            await self.port.settle(settle_at)
+
+    async def _recover(self) -> bool:
+        """After a failed commit: drop the batch, reset the changelog writer, rewind to
+        the checkpoint. Retries with back-off while the partition is ours."""
+        pace = Pace(self._closing)
+        while self.phase is Phase.LIVE:
+            try:
+                if self.tables is not None:
+                    self.tables.drop_batch()
+                if self.changelog is not None:
+                    await self.changelog.reset()
+                if self.next_position is not None:
+                    self._rewind(self.next_position)
+                return True
+            except FencedError as exc:
+                self._lost(exc)
+                return False
+            except Exception as exc:
+                log.error("%s: rewind failed (%r); retrying in %.1fs", self.name, exc, pace.delay)
+                await pace.wait()
+        return False
+
+    def status(self) -> dict[str, object]:
+        cp = self.tables.checkpoint if self.tables is not None else None
+        return {
+            "phase": self.phase.value,
+            "busy": self.busy,
+            "start_position": self.start_position,
+            "next_position": self.next_position,
+            "processed": self.processed,
+            "restored": self.restored,
+            "replayed": self.replayed,
+            "store_position": None if cp is None else cp.history,
+            "caught_up": None if cp is None else cp.caught_up,
+        }
+
+
+def decode_stored(delivery: Delivery) -> Event:
+    """A stored event: structured JSON in the delivery's value."""
+    return structured.from_json(delivery.value or b"")
+
+
+def _close_when_opened(opening: asyncio.Future[Store]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
