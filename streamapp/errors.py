@@ -53,3 +53,22 @@ class BrokerUnavailableError(StreamappError):
     """The broker did not answer within the start-up retry budget."""
 
     retriable = True
+
+
+class ConcurrencyError(StreamappError):
+    """An append's expected stream version is not the stream's actual one; nothing appended."""
+
+    def __init__(self, stream_id: str, expected: int, actual: int, detail: str = "") -> None:
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+        why = f" ({detail})" if detail else ""
+        super().__init__(
+            f"stream {stream_id!r}: expected version {expected}, actual version {actual}"
+            f"{why}; nothing appended. Read the stream again, then append with "
+            f"expected version {actual}."
+        )
+
+
+class InvalidEventError(StreamappError):
+    """An event cannot be appended as given (e.g. its streamid names another stream)."""
