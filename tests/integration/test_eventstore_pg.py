@@ -107,3 +107,23 @@ async def test_tailing_reader_never_skips_a_position_under_concurrent_appenders(
         tailing.cancel()
         for s in [*appenders, reader]:
             await s.close()
+
+
+async def test_forwarder_lock_is_exclusive_and_freed_with_its_session(pg_url: str) -> None:
+    first, second = await open_store(pg_url), await open_store(pg_url)
+    try:
+        a, b = first.forwarder_state("fwd"), second.forwarder_state("fwd")
+        assert await a.load() == 1
+        async with a.lock():
+            await a.save(11, [("t", 0, 41, 10), ("t", 1, 7, 9)])
+            b_lock = b.lock()
+            waiting = asyncio.create_task(b_lock.__aenter__())
+            await asyncio.sleep(1.0)
+            assert not waiting.done(), "a second forwarder got the lock while the first held it"
+        await asyncio.wait_for(waiting, 5)  # released with the first's session
+        await b.save(12, [("t", 0, 42, 11)])
+        await b_lock.__aexit__(None, None, None)
+        assert await a.load() == 12
+    finally:
+        await first.close()
+        await second.close()
