@@ -3,6 +3,7 @@
 from .agent import Agent, TopicSpec
 from .app import App
 from .errors import (
+    ConcurrencyError,
     ConfigError,
     DecodeError,
     MissingTopicError,
@@ -20,6 +21,7 @@ __all__ = [
     "Agent",
     "App",
     "Backoff",
+    "ConcurrencyError",
     "ConfigError",
     "DecodeError",
     "Event",

@@ -1,18 +1,25 @@
-"""The ``streamapp`` command: ``worker``, ``topics create`` and ``topics list``."""
+"""The ``streamapp`` command: ``worker``, ``topics``, ``store`` and ``forward``."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from . import logs
 from .app import App, TopicPlan
 from .errors import StreamappError
+
+if TYPE_CHECKING:
+    from .eventstore import EventStoreBackend
+
+T = TypeVar("T")
 
 
 def load_app(ref: str) -> App:
@@ -108,6 +115,147 @@ def topics_list(app_ref: str) -> None:
     """Print the topics the app needs."""
     for plan in load_app(app_ref).topic_plan():
         click.echo(_plan_row(plan))
+
+
+@main.group()
+def store() -> None:
+    """Append to and read the app's event store (setting event_store)."""
+
+
+@store.command("append")
+@app_option
+@click.argument("source", type=click.File("rb"), default="-")
+def store_append(app_ref: str, source: Any) -> None:
+    """Append JSON lines from SOURCE (a file, or - for stdin) to the event store.
+
+    Each line is a structured-mode CloudEvent with a stream id (the streamid extension,
+    else subject). Without streamversion an event gets the next version of its stream;
+    with it, it must be that next version (its expected version is streamversion - 1).
+
+    Input stops at the first bad line (not JSON, not a CloudEvent, no stream id, version
+    conflict): its line number and the reason are printed, nothing of it or after it is
+    appended, every line before it stays appended, and the exit code is 1.
+    """
+    from .eventstore import open_store
+    from .eventstore.lines import LinesReport, append_lines
+
+    app = load_app(app_ref)
+
+    async def run() -> tuple[LinesReport, int]:
+        es = await open_store(app.settings().event_store)
+        try:
+            return await append_lines(es, source), await es.head()
+        finally:
+            await es.close()
+
+    try:
+        report, head = asyncio.run(run())
+    except StreamappError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"appended {report.appended} events; head position {head}")
+    if report.bad_line is not None:
+        name = getattr(source, "name", "-")
+        click.echo(
+            f"error: line {report.bad_line}: {report.reason}\n"
+            f"Lines before line {report.bad_line} are appended; nothing from it on. Fix it, "
+            f"then append the rest: tail -n +{report.bad_line} {name} | "
+            f"streamapp store append -A {app_ref} -",
+            err=True,
+        )
+        sys.exit(1)
+
+
+@store.command("head")
+@app_option
+def store_head(app_ref: str) -> None:
+    """Print the last position of the event store (0 when empty)."""
+    click.echo(str(_with_store(app_ref, lambda es: es.head())))
+
+
+@store.command("read")
+@app_option
+@click.option("--from", "from_position", type=int, default=1, show_default=True)
+@click.option("--limit", type=int, default=100, show_default=True)
+def store_read(app_ref: str, from_position: int, limit: int) -> None:
+    """Print events from position --from on as JSON lines: {"position": N, "event": {...}}."""
+    rows = _with_store(app_ref, lambda es: es.read_all(from_position, limit))
+    for row in rows:
+        click.echo(b'{"position":%d,"event":%s}' % (row.position, row.payload))
+
+
+@main.command()
+@app_option
+@click.option("--name", help="Forwarder name: its checkpoint (default: the app id).")
+@click.option("--chunk", type=int, default=1000, show_default=True, help="Events per publish.")
+@click.option("--poll-interval", type=float, help="Seconds between head polls when idle.")
+@click.option("--loglevel", default="info", show_default=True)
+def forward(
+    app_ref: str, name: str | None, chunk: int, poll_interval: float | None, loglevel: str
+) -> None:
+    """Publish the event store's events, in order, to the app's topics (outbox relay).
+
+    Every agent with history=FromEventStore() on this store gets every event, keyed by
+    stream id. The checkpoint advances only after Kafka confirmed: at-least-once. One
+    forwarder of a store runs at a time; another waits and takes over when it dies.
+    """
+    from .eventstore import open_store
+    from .forwarder import Forwarder, forwarded_topics
+    from .kafka import codec
+    from .kafka.sink import KafkaSink
+
+    logs.configure(loglevel)
+    app = load_app(app_ref)
+    try:
+        settings = app.settings()
+        topics = forwarded_topics(app, settings)
+
+        async def run() -> None:
+            es = await open_store(settings.event_store)
+            try:
+                forwarder = Forwarder(
+                    es,
+                    lambda: KafkaSink(
+                        settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s
+                    ),
+                    topics,
+                    name=name or app.id,
+                    encode=codec.encode,
+                    chunk=chunk,
+                    poll_interval_s=poll_interval or settings.poll_timeout_ms / 1000,
+                )
+                task = asyncio.current_task()
+                assert task is not None
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, task.cancel)
+                try:
+                    await forwarder.run()
+                except asyncio.CancelledError:
+                    click.echo(f"forwarder stopped after {forwarder.forwarded} events", err=True)
+            finally:
+                await es.close()
+
+        asyncio.run(run())
+    except StreamappError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _with_store(app_ref: str, use: Callable[[EventStoreBackend], Awaitable[T]]) -> T:
+    from .eventstore import open_store
+
+    app = load_app(app_ref)
+
+    async def run() -> T:
+        es = await open_store(app.settings().event_store)
+        try:
+            return await use(es)
+        finally:
+            await es.close()
+
+    try:
+        return asyncio.run(run())
+    except StreamappError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 if __name__ == "__main__":

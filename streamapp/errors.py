@@ -77,3 +77,22 @@ class SourceError(StreamappError):
     def __init__(self, message: str, *, retriable: bool = True) -> None:
         super().__init__(message)
         self.retriable = retriable
+
+
+class ConcurrencyError(StreamappError):
+    """An append's expected stream version is not the stream's actual one; nothing appended."""
+
+    def __init__(self, stream_id: str, expected: int, actual: int, detail: str = "") -> None:
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+        why = f" ({detail})" if detail else ""
+        super().__init__(
+            f"stream {stream_id!r}: expected version {expected}, actual version {actual}"
+            f"{why}; nothing appended. Read the stream again, then append with "
+            f"expected version {actual}."
+        )
+
+
+class InvalidEventError(StreamappError):
+    """An event cannot be appended as given (e.g. its streamid names another stream)."""

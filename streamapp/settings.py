@@ -106,12 +106,9 @@ class Settings:
             )
         if self.broker not in BROKERS:
             raise bad("broker", f"must be one of {', '.join(BROKERS)}")
-        if not self.event_store.startswith(("sqlite:///", "postgresql://", "postgres://")):
-            raise bad(
-                "event_store",
-                "give sqlite:///relative/path.db, sqlite:////absolute/path.db or "
-                "postgresql://user@host/db",
-            )
+        from .eventstore.base import parse_url  # raises ConfigError naming the setting
+
+        parse_url(self.event_store)
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise bad("auto_offset_reset", "must be 'earliest' or 'latest'")
         if not self.kafka_bootstrap.strip():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from ..errors import PublishError
+from ..sink import Message, Receipt
 
 
 class KafkaSink:
@@ -49,3 +51,29 @@ class KafkaSink:
                 f"publish to topic {topic!r} not confirmed within {self.timeout_s:.0f}s "
                 f"(setting publish_timeout_s): {exc!r}"
             ) from exc
+
+    async def publish_many(self, messages: Sequence[Message]) -> list[Receipt]:
+        """Send every message (all in flight at once), then wait until all are confirmed.
+
+        The whole batch has ``timeout_s``; past it, or on any failure, PublishError: some
+        messages may have been written (publish the batch again; duplicates possible).
+        Per partition the order of ``messages`` is kept (idempotent producer).
+        """
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                for m in messages:
+                    futures.append(
+                        await self._producer.send(
+                            m.topic, m.value, key=m.key, headers=list(m.headers)
+                        )
+                    )
+                metas = await asyncio.gather(*futures)
+        except Exception as exc:
+            for fut in futures:
+                fut.cancel()
+            raise PublishError(
+                f"batch of {len(messages)} messages not confirmed within {self.timeout_s:.0f}s "
+                f"(setting publish_timeout_s): {exc!r}"
+            ) from exc
+        return [Receipt(meta.topic, meta.partition, meta.offset) for meta in metas]

@@ -1,0 +1,51 @@
+"""The event store: CloudEvents appended per stream with optimistic concurrency, read in
+one global order. SQLite (one file) is the embedded default; PostgreSQL the shared one.
+
+``store = await open_store(settings.event_store)``; see :mod:`.base` for the interface.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConcurrencyError, InvalidEventError
+from .base import (
+    Append,
+    AppendResult,
+    BatchResult,
+    EventStore,
+    EventStoreBackend,
+    ForwarderState,
+    StoredEvent,
+    StoreUrl,
+    parse_url,
+)
+
+
+async def open_store(url: str) -> EventStoreBackend:
+    """Open the store of an ``event_store`` URL, creating its schema if missing.
+
+    Raises ConfigError naming the setting for a bad URL, an unreachable database, or a
+    PostgreSQL URL without psycopg installed (``pip install 'streamapp[postgres]'``).
+    """
+    if parse_url(url).kind == "postgresql":
+        from .postgres import PostgresEventStore
+
+        return await PostgresEventStore.open(url)
+    from .sqlite import SqliteEventStore
+
+    return await SqliteEventStore.open(url)
+
+
+__all__ = [
+    "Append",
+    "AppendResult",
+    "BatchResult",
+    "ConcurrencyError",
+    "EventStore",
+    "EventStoreBackend",
+    "ForwarderState",
+    "InvalidEventError",
+    "StoreUrl",
+    "StoredEvent",
+    "open_store",
+    "parse_url",
+]

@@ -1,0 +1,284 @@
+"""The embedded event store: one SQLite file in WAL mode, shared by several processes.
+
+Workers, the forwarder and ``streamapp store append`` may open the same file at once:
+appends take the write lock up front (``BEGIN IMMEDIATE``) and wait for it up to the busy
+timeout, so the stream-version check and the insert see the same state; readers never
+block writers (WAL). Positions are the table's rowid: appends are serialised and a rolled
+back one consumes nothing, so positions are dense. Commits use ``synchronous=FULL``: the
+store is the source of truth, an acknowledged append survives a power loss.
+
+The stdlib driver blocks, so every call runs in a thread (``asyncio.to_thread``), one at a
+time per store object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import ConfigError
+from ..events import Event
+from .base import (
+    SETTING,
+    Append,
+    AppendResult,
+    BatchResult,
+    StoredEvent,
+    parse_url,
+    plan_batch,
+    results_of,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS streamapp_events (
+    position INTEGER PRIMARY KEY,
+    stream_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    UNIQUE (stream_id, version)
+);
+CREATE TABLE IF NOT EXISTS streamapp_forwarder_checkpoints (
+    name TEXT PRIMARY KEY,
+    next_position INTEGER NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS streamapp_forwarder_offsets (
+    name TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    kafka_partition INTEGER NOT NULL,
+    kafka_offset INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    PRIMARY KEY (name, topic, kafka_partition)
+);
+"""
+_VERSIONS_CHUNK = 500  # stream ids per IN (...) query, well below SQLite's variable limit
+_new = object.__new__
+_SETTERS = tuple(StoredEvent.__dict__[f].__set__ for f in StoredEvent.__dataclass_fields__)
+
+
+class SqliteEventStore:
+    """The event store in one SQLite file. Open with :meth:`open` (or ``open_store``)."""
+
+    def __init__(self, url: str, conn: sqlite3.Connection, path: Path) -> None:
+        self.url = url
+        self.path = path
+        self.reads = 0
+        self._conn = conn
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, url: str, *, busy_timeout_s: float = 30.0) -> SqliteEventStore:
+        """Open (and create) the store file of ``url``; the schema is made if missing."""
+        path = parse_url(url).path
+        if path is None:
+            raise ConfigError(f"setting {SETTING} = {url!r} is not a sqlite:/// URL")
+        conn = await asyncio.to_thread(_connect, path, busy_timeout_s, url)
+        return cls(url, conn, path)
+
+    async def __aenter__(self) -> SqliteEventStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def append(
+        self, stream_id: str, events: Sequence[Event], expected_version: int | None = None
+    ) -> AppendResult:
+        result = await self.append_many([Append(stream_id, events, expected_version)])
+        if result.error is not None:
+            raise result.error
+        return result.results[0]
+
+    async def append_many(self, appends: Sequence[Append]) -> BatchResult:
+        return await self._run(self._append_many, appends)
+
+    async def read_all(self, from_position: int, limit: int) -> list[StoredEvent]:
+        self.reads += 1
+        return await self._run(self._read_all, from_position, limit)
+
+    async def read_stream(self, stream_id: str) -> list[StoredEvent]:
+        def read() -> list[StoredEvent]:
+            rows = self._conn.execute(
+                "SELECT position, stream_id, version, payload FROM streamapp_events "
+                "WHERE stream_id = ? ORDER BY version",
+                (stream_id,),
+            ).fetchall()
+            return [_stored(*row) for row in rows]
+
+        return await self._run(read)
+
+    async def head(self) -> int:
+        def head() -> int:
+            row = self._conn.execute("SELECT max(position) FROM streamapp_events").fetchone()
+            return int(row[0] or 0)
+
+        return await self._run(head)
+
+    async def close(self) -> None:
+        async with self._lock:
+            await asyncio.to_thread(self._conn.close)
+
+    def forwarder_state(self, name: str) -> SqliteForwarderState:
+        """The lock (a file lock next to the store) and checkpoint of forwarder ``name``."""
+        return SqliteForwarderState(self, name)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        async with self._lock:
+            return await asyncio.to_thread(fn, *args)
+
+    def _read_all(self, from_position: int, limit: int) -> list[StoredEvent]:
+        rows = self._conn.execute(
+            "SELECT position, stream_id, version, payload FROM streamapp_events "
+            "WHERE position >= ? ORDER BY position LIMIT ?",
+            (from_position, limit),
+        ).fetchall()
+        return [_stored(p, s, v, b) for p, s, v, b in rows]
+
+    def _append_many(self, appends: Sequence[Append]) -> BatchResult:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            versions = _versions(conn, {a.stream_id for a in appends})
+            planned, error = plan_batch(appends, versions)
+            (head,) = conn.execute(
+                "SELECT coalesce(max(position), 0) FROM streamapp_events"
+            ).fetchone()
+            conn.executemany(
+                "INSERT INTO streamapp_events (stream_id, version, payload) VALUES (?, ?, ?)",
+                [row for rows, _ in planned for row in rows],
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return BatchResult(results_of(planned, int(head)), error)
+
+
+class SqliteForwarderState:
+    """A forwarder's checkpoint in the store file, its lock on ``<db>.forwarder.lock``.
+
+    The lock is ``flock``: the kernel drops it when the holder dies, even by ``kill -9``,
+    so a waiting forwarder takes over within one poll.
+    """
+
+    def __init__(self, store: SqliteEventStore, name: str, *, poll_s: float = 0.5) -> None:
+        self.store = store
+        self.name = name
+        self.poll_s = poll_s
+        self.lock_path = store.path.with_name(store.path.name + ".forwarder.lock")
+
+    @contextlib.asynccontextmanager
+    async def lock(self) -> AsyncIterator[None]:
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            waited = False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not waited:
+                        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                        log.info(
+                            "forwarder %s waits: the forwarder lock %s is held by %s",
+                            self.name,
+                            self.lock_path,
+                            holder or "another process",
+                        )
+                        waited = True
+                    await asyncio.sleep(self.poll_s)
+            me = f"forwarder {self.name} pid {os.getpid()} on {socket.gethostname()}"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, me.encode(), 0)
+            log.info("forwarder %s holds the forwarder lock %s", self.name, self.lock_path)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    async def load(self) -> int:
+        def load() -> int:
+            row = self.store._conn.execute(
+                "SELECT next_position FROM streamapp_forwarder_checkpoints WHERE name = ?",
+                (self.name,),
+            ).fetchone()
+            return 1 if row is None else int(row[0])
+
+        return await self.store._run(load)
+
+    async def save(self, next_position: int, offsets: Sequence[tuple[str, int, int, int]]) -> None:
+        def save() -> None:
+            conn = self.store._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    "INSERT INTO streamapp_forwarder_checkpoints VALUES (?, ?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET next_position = excluded.next_position, "
+                    "updated_at = excluded.updated_at",
+                    (self.name, next_position, time.time()),
+                )
+                conn.executemany(
+                    "INSERT OR REPLACE INTO streamapp_forwarder_offsets VALUES (?, ?, ?, ?, ?)",
+                    [(self.name, *row) for row in offsets],
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+        await self.store._run(save)
+
+
+def _stored(position: int, stream_id: str, version: int, payload: bytes) -> StoredEvent:
+    """``StoredEvent(...)`` without the frozen-dataclass ``__init__`` (read_all's hot path)."""
+    event: StoredEvent = _new(StoredEvent)
+    s_pos, s_sid, s_ver, s_pay = _SETTERS
+    s_pos(event, position)
+    s_sid(event, stream_id)
+    s_ver(event, version)
+    s_pay(event, payload)
+    return event
+
+
+def _connect(path: Path, busy_timeout_s: float, url: str) -> sqlite3.Connection:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.executescript("BEGIN IMMEDIATE;" + SCHEMA + "COMMIT;")
+    except (sqlite3.Error, OSError) as exc:
+        raise ConfigError(
+            f"setting {SETTING} = {url!r}: cannot open the SQLite store {path}: {exc}. "
+            "Check the path is writable and the file is a streamapp event store."
+        ) from exc
+    return conn
+
+
+def _versions(conn: sqlite3.Connection, stream_ids: set[str]) -> dict[str, int]:
+    ids = list(stream_ids)
+    out: dict[str, int] = {}
+    for start in range(0, len(ids), _VERSIONS_CHUNK):
+        chunk = ids[start : start + _VERSIONS_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        out.update(
+            conn.execute(
+                f"SELECT stream_id, max(version) FROM streamapp_events "
+                f"WHERE stream_id IN ({marks}) GROUP BY stream_id",
+                chunk,
+            ).fetchall()
+        )
+    return out

@@ -1,0 +1,191 @@
+"""Catch-up then live on real Kafka and a real event store (SQLite and PostgreSQL).
+
+The orders app replays its partitions from the store, hands over to the live topic that
+the forwarder feeds from the same store, and ends with every order exactly as a fold of
+all its events, through kill -9 during the replay and during the handover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness import (
+    StreamappProc,
+    WorkerProc,
+    append_to_store,
+    assert_exact,
+    create_topics,
+    order_events,
+    read_table,
+    wait_caught_up,
+    wait_group_ready,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store_url(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_url_factory: Any
+) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'events.db'}"
+    else:
+        async with pg_url_factory() as url:
+            yield url
+
+
+def _worker(kafka: str, ns: str, tmp: Path, i: int, url: str) -> WorkerProc:
+    return WorkerProc(
+        kafka,
+        ns,
+        tmp / f"data{i}",
+        tmp / f"w{i}.log",
+        extra_env={"STREAMAPP_EVENT_STORE": url},
+    )
+
+
+def _forwarder(kafka: str, ns: str, tmp: Path, url: str) -> StreamappProc:
+    return StreamappProc(
+        ("forward", "-A", "agents.orders:app"),
+        kafka,
+        ns,
+        tmp / "forwarder.log",
+        extra_env={"STREAMAPP_EVENT_STORE": url},
+    )
+
+
+async def _phases(workers: list[WorkerProc]) -> list[str]:
+    out = []
+    for w in workers:
+        status = await w.status()
+        if status:
+            out += [p["phase"] for p in status["partitions"].values()]
+    return out
+
+
+async def test_three_workers_replay_while_more_is_appended_and_forwarded(
+    kafka_bootstrap: str, tmp_path: Path, store_url: str
+) -> None:
+    ns = f"hand{uuid.uuid4().hex[:6]}-"
+    create_topics(kafka_bootstrap, ns)
+    events, expected = order_events(n_orders=1000, n_events=60_000)
+    await append_to_store(store_url, events[:50_000])
+    workers = [_worker(kafka_bootstrap, ns, tmp_path, i, store_url).start() for i in range(3)]
+    forwarder = _forwarder(kafka_bootstrap, ns, tmp_path, store_url).start()
+    try:
+        seen_catching_up = False
+        deadline = time.monotonic() + 60
+        while not seen_catching_up and time.monotonic() < deadline:
+            seen_catching_up = "catching_up" in await _phases(workers)
+            await asyncio.sleep(0.05)
+        await append_to_store(store_url, events[50_000:])  # while they replay
+        assert seen_catching_up, "no worker was seen catching up"
+        await wait_group_ready(workers, 8, within_s=120)
+        await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 180, workers)
+        await _wait_forwarded(kafka_bootstrap, ns, 60_000, forwarder)
+        await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 180, workers)
+        table = await read_table(workers, "order_status", list(expected))
+        assert_exact(table, expected)
+        replayed = 0
+        for w in workers:
+            status = await w.status()
+            assert status is not None
+            replayed += sum(p["replayed"] for p in status["partitions"].values())
+        assert replayed >= 50_000  # state came from the store, not only from Kafka
+    finally:
+        forwarder.kill()
+        for w in workers:
+            if w.alive:
+                w.kill()
+
+
+async def test_kill_during_replay_and_during_handover_stays_exact(
+    kafka_bootstrap: str, tmp_path: Path, store_url: str
+) -> None:
+    ns = f"handk{uuid.uuid4().hex[:6]}-"
+    create_topics(kafka_bootstrap, ns)
+    events, expected = order_events(n_orders=1000, n_events=60_000, seed=11)
+    await append_to_store(store_url, events[:50_000])
+    forwarder = _forwarder(kafka_bootstrap, ns, tmp_path, store_url).start()
+    worker = _worker(kafka_bootstrap, ns, tmp_path, 0, store_url).start()
+    try:
+        # kill -9 while the replay runs (some partition has replayed part of the store)
+        await _wait_phase(worker, lambda ps: any(
+            p["phase"] == "catching_up" and (p["store_position"] or 1) > 1 for p in ps
+        ))
+        worker.kill()
+        worker = _worker(kafka_bootstrap, ns, tmp_path, 0, store_url).start()
+        appending = asyncio.create_task(append_to_store(store_url, events[50_000:]))
+        # kill -9 at the handover: some partitions live, others not yet
+        await _wait_phase(worker, lambda ps: any(p["phase"] == "live" for p in ps))
+        worker.kill()
+        await appending
+        worker = _worker(kafka_bootstrap, ns, tmp_path, 0, store_url).start()
+        await wait_group_ready([worker], 8, within_s=120)
+        await _wait_forwarded(kafka_bootstrap, ns, 60_000, forwarder)
+        await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 180, [worker])
+        table = await read_table([worker], "order_status", list(expected))
+        assert_exact(table, expected)
+    finally:
+        forwarder.kill()
+        if worker.alive:
+            worker.kill()
+
+
+async def test_restart_after_the_marker_does_not_read_the_store(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    ns = f"handr{uuid.uuid4().hex[:6]}-"
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    create_topics(kafka_bootstrap, ns)
+    events, expected = order_events(n_orders=100, n_events=3_000)
+    await append_to_store(url, events)
+    first = _worker(kafka_bootstrap, ns, tmp_path, 0, url).start()
+    await wait_group_ready([first], 8)
+    status = await first.status()
+    assert status is not None
+    assert status["history"]["reads"] >= 1
+    assert all(p["caught_up"] for p in status["partitions"].values())
+    assert first.stop() == 0
+    again = _worker(kafka_bootstrap, ns, tmp_path, 0, url).start()
+    try:
+        await wait_group_ready([again], 8)
+        status = await again.status()
+        assert status is not None
+        assert status["history"]["reads"] == 0  # the marker: no replay at all
+        assert sum(p["replayed"] for p in status["partitions"].values()) == 0
+        table = await read_table([again], "order_status", list(expected))
+        assert_exact(table, expected)
+    finally:
+        again.kill()
+
+
+async def _wait_phase(worker: WorkerProc, seen: Any, within_s: float = 90) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        assert worker.alive, worker.log_text()[-3000:]
+        status = await worker.status()
+        if status and status["partitions"] and seen(list(status["partitions"].values())):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"phase not seen in {within_s}s:\n{worker.log_text()[-3000:]}")
+
+
+async def _wait_forwarded(kafka: str, ns: str, n: int, forwarder: StreamappProc) -> None:
+    from .harness import topic_size
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert forwarder.alive, forwarder.log_text()[-3000:]
+        if await topic_size(kafka, f"{ns}orders") >= n:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"forwarder did not publish {n} events:\n{forwarder.log_text()[-3000:]}")
