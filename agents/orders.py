@@ -1,7 +1,9 @@
 """The reference orders app: project order events into the ``order_status`` table.
 
 Run it with ``streamapp worker -A agents.orders:app``. Events are CloudEvents keyed by
-order id (the stream id); records that cannot be handled are parked to
+order id (the stream id). Each partition first replays its orders from the event store
+(``STREAMAPP_EVENT_STORE``), then hands over to the live topic, which ``streamapp
+forward`` feeds from the same store. Records that cannot be handled are parked to
 ``orders.parked`` with their reason, and the partition goes on.
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from streamapp import App, Event, Park, TableView
+from streamapp import App, Event, FromEventStore, Park, TableView
 from tables.orders import OrderStatus, order_status
 
 # ORDERS_NAMESPACE prefixes the app id and topics, so that several copies of the app
@@ -23,7 +25,7 @@ PARKING = f"{NAMESPACE}orders.parked"
 ORDER_EVENTS = frozenset({"order.placed", "order.paid", "order.shipped", "order.cancelled"})
 
 
-@app.agent(orders, tables=[order_status], on_failure=Park(PARKING))
+@app.agent(orders, tables=[order_status], on_failure=Park(PARKING), history=FromEventStore())
 async def project_order_status(event: Event, statuses: TableView[OrderStatus]) -> None:
     """Record the order's last status and count the events applied to it."""
     if event.type not in ORDER_EVENTS:

@@ -31,7 +31,7 @@ from .engine.delivery import Message
 from .engine.pace import pause
 from .engine.phase import Phase
 from .engine.task import PartitionTask
-from .eventstore.base import EventStore, StoredEvent
+from .eventstore.base import EventStoreBackend, StoredEvent
 from .partitioner import partition_for
 
 log = logging.getLogger("streamapp.catchup")
@@ -44,7 +44,7 @@ class StoreFeed:
 
     def __init__(
         self,
-        store: EventStore,
+        store: EventStoreBackend,
         *,
         chunk: int = 10_000,
         poll_s: float = 0.5,
@@ -78,11 +78,9 @@ class StoreFeed:
     async def live_start(self, task: PartitionTask) -> int | None:
         """The live offset from which every event at or after the task's store position
         is found, when the forwarder recorded it; None lets the source decide."""
-        find = getattr(self.store, "live_offset", None)
-        if find is None:
-            return None
-        offset: int | None = await find(task.agent.topic.name, task.partition, task.history_position())
-        return offset
+        return await self.store.live_offset(
+            task.agent.topic.name, task.partition, task.history_position()
+        )
 
     def follow(self, task: PartitionTask) -> None:
         """Keep feeding ``task`` after its catch-up (the store is its live source)."""

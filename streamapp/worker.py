@@ -1,8 +1,10 @@
-"""A worker process: one group member running the app's agents and its table views.
+"""A worker process: runs the app's agents on the configured source, and its views.
 
-Lifecycle: connect (with start-up retries), join the group, serve views; on SIGTERM or
-SIGINT finish batches in hand, flush tables, commit, leave the group and exit within
-``shutdown_timeout_s``.
+Lifecycle: serve views, open the event store when an agent has a history (or when the
+store is the only source), connect the broker (with start-up retries), join the group;
+on SIGTERM or SIGINT finish batches in hand, flush tables, commit, leave the group and
+exit within ``shutdown_timeout_s``. The worker knows transports only here, where it
+builds them (``STREAMAPP_BROKER``); everything else sees a :class:`LiveSource`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import socket
 from aiohttp import web
 
 from .app import App
+from .catchup import StoreFeed
+from .engine.source import LiveSource
 from .errors import ConfigError
-from .kafka.retry import with_startup_retry
-from .kafka.sink import KafkaSink
-from .kafka.source import KafkaSource
+from .eventstore import open_store
+from .eventstore.base import EventStoreBackend
 from .settings import Settings
 from .web.views import make_app
 
@@ -30,38 +33,78 @@ class Worker:
     """Runs ``app`` in this process until stopped."""
 
     def __init__(self, app: App, settings: Settings, app_ref: str = "MODULE:app") -> None:
-        self.app, self.settings = app, settings
+        self.app, self.settings, self.app_ref = app, settings, app_ref
         self.id = f"{socket.gethostname()}:{os.getpid()}"
-        if settings.broker != "kafka":
-            raise ConfigError(
-                f"setting broker (STREAMAPP_BROKER) = {settings.broker!r} is not available in "
-                "this version; use kafka"
-            )
-        self.sink = KafkaSink(settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s)
-        self.source = KafkaSource(app, settings, self.sink, app_ref)
         self.web_port: int | None = None
+        self.store: EventStoreBackend | None = None
+        self.feed: StoreFeed | None = None
+        self.source: LiveSource | None = None
         self._web: web.AppRunner | None = None
         self._stop = asyncio.Event()
+        if settings.broker not in ("kafka", "none"):
+            raise ConfigError(
+                f"setting broker (STREAMAPP_BROKER) = {settings.broker!r} is not available "
+                "in this version; use kafka or none"
+            )
+
+    @property
+    def needs_store(self) -> bool:
+        """The store is read: an agent has a history, or it is the only source."""
+        agents = self.app.agents.values()
+        return self.settings.broker == "none" or any(a.history for a in agents)
+
+    async def _open_source(self) -> LiveSource:
+        settings, app = self.settings, self.app
+        if self.needs_store:
+            self.store = await open_store(settings.event_store)
+            self.feed = StoreFeed(
+                self.store,
+                poll_s=settings.poll_timeout_ms / 1000,
+                redeliver_pause_s=settings.poll_timeout_ms / 1000,
+            )
+        if settings.broker == "kafka":
+            from .kafka.sink import KafkaSink
+            from .kafka.source import KafkaSource
+
+            self.sink = KafkaSink(settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s)
+            return KafkaSource(app, settings, self.sink, self.app_ref, history=self.feed)
+        from .eventstore.source import StoreSource
+
+        assert self.store is not None
+        assert self.feed is not None
+        return StoreSource(app, settings, self.feed, self.store.worker_lock(app.id))
 
     async def start(self) -> None:
         """Serve views (fails fast on a taken port), connect, check topics, join the group."""
         try:
+            self.source = await self._open_source()
             await self._serve()
-            await with_startup_retry(self.settings, "Kafka producer", self.sink.start)
+            if self.settings.broker == "kafka":
+                from .kafka.retry import with_startup_retry
+
+                await with_startup_retry(self.settings, "Kafka producer", self.sink.start)
+            if self.feed is not None:
+                self.feed.start()
             await self.source.start()
         except BaseException:
             await self._shutdown()
             raise
         log.info(
-            "worker %s of app %s started; views on http://%s:%s",
+            "worker %s of app %s started on %s; views on http://%s:%s",
             self.id,
             self.app.id,
+            self.settings.broker,
             self.settings.web_host,
             self.web_port,
         )
 
     async def _serve(self) -> None:
-        self._web = web.AppRunner(make_app(self.source.assignment, self.id), access_log=None)
+        feed = self.feed
+        assert self.source is not None
+        self._web = web.AppRunner(
+            make_app(self.source.assignment, self.id, feed.status if feed else None),
+            access_log=None,
+        )
         await self._web.setup()
         host, port = self.settings.web_host, self.settings.web_port
         site = web.TCPSite(self._web, host, port)
@@ -95,10 +138,18 @@ class Worker:
         log.info("worker %s stopped", self.id)
 
     async def _shutdown(self) -> None:
-        await self.source.stop()
-        await self.sink.stop()
-        if self._web is not None:
-            await self._web.cleanup()
+        try:
+            if self.source is not None:
+                await self.source.stop()
+        finally:
+            if self.feed is not None:
+                await self.feed.stop()
+            if self.settings.broker == "kafka" and self.source is not None:
+                await self.sink.stop()
+            if self.store is not None:
+                await self.store.close()
+            if self._web is not None:
+                await self._web.cleanup()
 
     async def run(self) -> None:
         """Start, run until a signal (or a fatal source error), then stop."""
@@ -107,11 +158,15 @@ class Worker:
             loop.add_signal_handler(sig, self.request_stop)
         await self.start()
         stopped = asyncio.create_task(self._stop.wait())
-        polling = asyncio.create_task(self.source.wait())
-        done, _ = await asyncio.wait({stopped, polling}, return_when=asyncio.FIRST_COMPLETED)
+        assert self.source is not None
+        watched = [asyncio.create_task(self.source.wait())]
+        if self.feed is not None:
+            watched.append(asyncio.create_task(self.feed.wait()))
+        done, _ = await asyncio.wait({stopped, *watched}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         try:
             await self.stop()
         finally:
-            if polling in done and polling.exception() is not None:
-                raise polling.exception()  # type: ignore[misc]
+            for task in watched:
+                if task in done and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]

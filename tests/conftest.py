@@ -7,13 +7,16 @@ answers; otherwise the local services of ``scripts/services`` (started if needed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -103,3 +106,28 @@ def _containers() -> Iterator[Services]:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(services: Services) -> str:
     return services.kafka
+
+
+PgUrlFactory = Callable[[], contextlib.AbstractAsyncContextManager[str]]
+
+
+@pytest.fixture
+def pg_url_factory(services: Services) -> PgUrlFactory:
+    """A fresh PostgreSQL schema per use, as an event-store URL (``search_path``)."""
+
+    @contextlib.asynccontextmanager
+    async def make() -> AsyncIterator[str]:
+        import psycopg
+
+        schema = f"es_{uuid.uuid4().hex[:10]}"
+        dsn = services.postgres
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(f"CREATE SCHEMA {schema}")
+        sep = "&" if "?" in dsn else "?"
+        try:
+            yield f"{dsn}{sep}options={quote(f'-csearch_path={schema}')}"
+        finally:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    return make

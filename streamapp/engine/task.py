@@ -90,6 +90,8 @@ class PartitionTask:
         self.processed = 0
         self.restored = 0
         self.replayed = 0
+        self.history_next = 1
+        """The next store position of a task without tables (kept in memory only)."""
         self.outcomes: dict[Outcome, int] = {}
         """Outcomes of every delivery handled, live and replayed."""
         self._opening: asyncio.Task[None] | None = None
@@ -306,13 +308,13 @@ class PartitionTask:
     def history_position(self) -> int:
         """The next event-store position this partition needs (1: nothing replayed)."""
         tables = self.tables
-        return (tables.checkpoint.history or 1) if tables is not None else 1
+        return (tables.checkpoint.history or 1) if tables is not None else self.history_next
 
     async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
         """Apply stored events of this partition, read up to ``next_position`` (exclusive),
         and commit with the store position. False when an event failed under Redeliver:
         the position stops before it, and the feed tries again after a pause."""
-        if self.phase not in (Phase.CATCHING_UP, Phase.LIVE) or self.tables is None:
+        if self.phase not in (Phase.CATCHING_UP, Phase.LIVE):
             return False
         work = asyncio.ensure_future(self._apply_history(deliveries, next_position))
         self._batch = work
@@ -325,12 +327,13 @@ class PartitionTask:
 
     async def _apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
         result = await self._run(deliveries, decode_stored, math.inf)
-        tables = self.tables
-        assert tables is not None
-        done = next_position if result.settled == len(deliveries) else None
-        if done is None:
+        done = next_position
+        if result.settled < len(deliveries):
             done = deliveries[result.settled].position
-        await self._commit(tables.checkpoint.advanced(history=done), None)
+        tables = self.tables
+        if tables is not None:
+            await self._commit(tables.checkpoint.advanced(history=done), None)
+        self.history_next = done
         self.replayed += result.settled
         return result.settled == len(deliveries)
 

@@ -128,6 +128,15 @@ class EventStoreBackend(EventStore, Protocol):
 
     def forwarder_state(self, name: str) -> ForwarderState: ...
 
+    async def live_offset(self, topic: str, partition: int, position: int) -> int | None:
+        """See :data:`LIVE_OFFSET_SQL`."""
+        ...
+
+    def worker_lock(self, app_id: str) -> AbstractAsyncContextManager[None]:
+        """Held by a store-only worker for its life; raises ConfigError naming the holder
+        when another worker of ``app_id`` holds it."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StoreUrl:
@@ -155,6 +164,28 @@ def parse_url(url: str) -> StoreUrl:
             "postgresql://user@host/db"
         )
     raise ConfigError(f"setting {SETTING} = {url!r}: {why}")
+
+
+LIVE_OFFSET_SQL = (
+    "SELECT max(kafka_offset) FROM streamapp_forwarder_marks "
+    "WHERE topic = ? AND kafka_partition = ? AND position < ?"
+)
+"""Where live delivery may start after a replay that applied every position below P.
+
+The forwarder publishes in store order and records, after each confirmed chunk, a mark
+per topic partition: the highest offset and the store position that record carried. A
+restarted forwarder publishes again from its checkpoint, so every position at or above
+P is published (again) after the latest mark whose position is below P. Starting at
+that mark's offset + 1 therefore misses nothing, and re-reads at most about one chunk
+of what the replay applied (the stream-version rule skips it)."""
+
+
+def worker_locked(app_id: str, url: str, holder: str) -> ConfigError:
+    return ConfigError(
+        f"another worker of app {app_id!r} ({holder}) already runs on the event store "
+        f"{url} with STREAMAPP_BROKER=none: in that mode one worker owns every partition. "
+        "Stop it first, or scale out with STREAMAPP_BROKER=kafka."
+    )
 
 
 Row = tuple[str, int, bytes]

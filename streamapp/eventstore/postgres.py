@@ -29,7 +29,17 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..events import Event
-from .base import SETTING, Append, AppendResult, BatchResult, StoredEvent, plan_batch, results_of
+from .base import (
+    LIVE_OFFSET_SQL,
+    SETTING,
+    Append,
+    AppendResult,
+    BatchResult,
+    StoredEvent,
+    plan_batch,
+    results_of,
+    worker_locked,
+)
 
 try:
     import psycopg
@@ -52,16 +62,16 @@ SCHEMA = [
         name TEXT PRIMARY KEY,
         next_position BIGINT NOT NULL,
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
-    """CREATE TABLE IF NOT EXISTS streamapp_forwarder_offsets (
+    """CREATE TABLE IF NOT EXISTS streamapp_forwarder_marks (
         name TEXT NOT NULL,
         topic TEXT NOT NULL,
         kafka_partition INTEGER NOT NULL,
         kafka_offset BIGINT NOT NULL,
         position BIGINT NOT NULL,
-        PRIMARY KEY (name, topic, kafka_partition))""",
+        PRIMARY KEY (topic, kafka_partition, kafka_offset, name))""",
 ]
 # Advisory lock keys (int4, int4): the schema's hash and one of these.
-SCHEMA_KEY, APPEND_KEY, FORWARDER_KEY = 7401, 7402, 7403
+SCHEMA_KEY, APPEND_KEY, FORWARDER_KEY, WORKER_KEY = 7401, 7402, 7403, 7404
 _LOCK = "hashtext(current_schema()), %s"
 _COLUMNS = "position, stream_id, version, payload"
 
@@ -165,6 +175,33 @@ class PostgresEventStore:
         async with self._lock:
             await self._conn.close()
 
+    async def live_offset(self, topic: str, partition: int, position: int) -> int | None:
+        """The first offset of ``topic[partition]`` that may carry a position >= ``position``
+        (see :func:`streamapp.eventstore.base.LIVE_OFFSET_SQL`); None: no mark yet."""
+        async with self._lock:
+            cur = await self._conn.execute(
+                LIVE_OFFSET_SQL.replace("?", "%s"), (topic, partition, position)
+            )
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else int(row[0]) + 1
+
+    @contextlib.asynccontextmanager
+    async def worker_lock(self, app_id: str) -> AsyncIterator[None]:
+        """Held for a store-only worker's life; a second worker of the app is refused."""
+        me = f"streamapp-worker {app_id} pid {os.getpid()} on {socket.gethostname()}"
+        conn = await _connect(self.url, me[:63])
+        try:
+            cur = await conn.execute(
+                "SELECT pg_try_advisory_lock(hashtext(current_schema() || %s), %s)",
+                (app_id, WORKER_KEY),
+            )
+            row = await cur.fetchone()
+            if not (row and row[0]):
+                raise worker_locked(app_id, self.url, "another session")
+            yield
+        finally:
+            await conn.close()  # ends the session: releases the lock
+
     def forwarder_state(self, name: str) -> PostgresForwarderState:
         """The lock (a session advisory lock) and checkpoint of forwarder ``name``."""
         return PostgresForwarderState(self, name)
@@ -236,9 +273,8 @@ class PostgresForwarderState:
                 (self.name, next_position),
             )
             await cur.executemany(
-                "INSERT INTO streamapp_forwarder_offsets VALUES (%s, %s, %s, %s, %s) "
-                "ON CONFLICT (name, topic, kafka_partition) DO UPDATE "
-                "SET kafka_offset = excluded.kafka_offset, position = excluded.position",
+                "INSERT INTO streamapp_forwarder_marks VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT DO NOTHING",
                 [(self.name, *row) for row in offsets],
             )
 

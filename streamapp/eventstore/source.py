@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from ..app import App
@@ -129,8 +128,3 @@ class StoreSource:
 
     async def wait(self) -> None:
         await self.feed.wait()
-
-
-@contextlib.asynccontextmanager
-async def no_lock() -> AsyncIterator[None]:
-    yield

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from ..errors import ConfigError
 from ..events import Event
 from .base import (
+    LIVE_OFFSET_SQL,
     SETTING,
     Append,
     AppendResult,
@@ -36,6 +37,7 @@ from .base import (
     parse_url,
     plan_batch,
     results_of,
+    worker_locked,
 )
 
 log = logging.getLogger(__name__)
@@ -54,13 +56,13 @@ CREATE TABLE IF NOT EXISTS streamapp_forwarder_checkpoints (
     next_position INTEGER NOT NULL,
     updated_at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS streamapp_forwarder_offsets (
+CREATE TABLE IF NOT EXISTS streamapp_forwarder_marks (
     name TEXT NOT NULL,
     topic TEXT NOT NULL,
     kafka_partition INTEGER NOT NULL,
     kafka_offset INTEGER NOT NULL,
     position INTEGER NOT NULL,
-    PRIMARY KEY (name, topic, kafka_partition)
+    PRIMARY KEY (topic, kafka_partition, kafka_offset, name)
 );
 """
 _VERSIONS_CHUNK = 500  # stream ids per IN (...) query, well below SQLite's variable limit
@@ -129,6 +131,36 @@ class SqliteEventStore:
     async def close(self) -> None:
         async with self._lock:
             await asyncio.to_thread(self._conn.close)
+
+    async def live_offset(self, topic: str, partition: int, position: int) -> int | None:
+        """The first offset of ``topic[partition]`` that may carry a position >= ``position``
+        (see :data:`streamapp.eventstore.base.LIVE_OFFSET_SQL`); None: no mark yet."""
+
+        def find() -> int | None:
+            row = self._conn.execute(LIVE_OFFSET_SQL, (topic, partition, position)).fetchone()
+            return None if row is None or row[0] is None else int(row[0]) + 1
+
+        return await self._run(find)
+
+    @contextlib.asynccontextmanager
+    async def worker_lock(self, app_id: str) -> AsyncIterator[None]:
+        """Held for a store-only worker's life (``flock``, dropped by the kernel when the
+        holder dies, even by kill -9); a second worker of the app is refused at once."""
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in app_id)
+        path = self.path.with_name(f"{self.path.name}.worker-{safe}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                raise worker_locked(app_id, self.url, holder or "another process") from None
+            me = f"worker pid {os.getpid()} on {socket.gethostname()}"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, me.encode(), 0)
+            yield
+        finally:
+            os.close(fd)
 
     def forwarder_state(self, name: str) -> SqliteForwarderState:
         """The lock (a file lock next to the store) and checkpoint of forwarder ``name``."""
@@ -229,7 +261,7 @@ class SqliteForwarderState:
                     (self.name, next_position, time.time()),
                 )
                 conn.executemany(
-                    "INSERT OR REPLACE INTO streamapp_forwarder_offsets VALUES (?, ?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO streamapp_forwarder_marks VALUES (?, ?, ?, ?, ?)",
                     [(self.name, *row) for row in offsets],
                 )
                 conn.execute("COMMIT")

@@ -60,6 +60,18 @@ class _MemoryPort:
         return self.position
 
 
+class _EmptyHistory:
+    """The memory broker's history: an empty store (send events to the topic instead)."""
+
+    head = 0
+
+    async def catch_up(self, task: PartitionTask) -> None:
+        return None
+
+    async def live_start(self, task: PartitionTask) -> int | None:
+        return None
+
+
 class MemoryBroker:
     """Runs an app's agents over in-memory topics."""
 
@@ -162,6 +174,7 @@ class MemoryBroker:
                 decode=_decode,
                 park=parker(self, agent, name),
                 open_store=lambda spaces: self._store(agent, p, spaces),
+                history=_EmptyHistory(),
             )
             await task.open()
             self._tasks[key] = (task, port)

@@ -8,6 +8,7 @@ comes with the views issue). Views know the worker's :class:`Assignment`, no tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -26,7 +27,11 @@ def unavailable(why: str) -> web.Response:
     return json_response({"error": why}, 503, **{"Retry-After": "1"})
 
 
-def make_app(assignment: Assignment, worker_id: str) -> web.Application:
+def make_app(
+    assignment: Assignment,
+    worker_id: str,
+    history: Callable[[], dict[str, object]] | None = None,
+) -> web.Application:
     """The aiohttp application of one worker."""
 
     async def table_get(request: web.Request) -> web.Response:
@@ -62,6 +67,7 @@ def make_app(assignment: Assignment, worker_id: str) -> web.Application:
                 "app": assignment.app.id,
                 "ready": assignment.ready,
                 "partitions": assignment.status(),
+                "history": history() if history is not None else None,
             }
         )
 

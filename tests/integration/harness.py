@@ -79,6 +79,9 @@ class WorkerProc:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProc:
+        self.extra_env.setdefault(
+            "STREAMAPP_EVENT_STORE", f"sqlite:///{self.data_dir.parent / 'events.db'}"
+        )
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             streamapp_cmd(
@@ -284,3 +287,74 @@ def assert_exact(table: dict[str, Any], expected: dict[str, tuple[int, str]]) ->
         if table.get(oid) is None or (table[oid]["version"], table[oid]["status"]) != exp
     }
     assert not wrong, f"{len(wrong)} orders wrong, e.g. {list(wrong.items())[:5]}"
+
+
+@dataclass
+class StreamappProc:
+    """Any ``streamapp`` command as a process of the orders app (e.g. the forwarder)."""
+
+    args: tuple[str, ...]
+    bootstrap: str
+    namespace: str
+    log_path: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> StreamappProc:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            streamapp_cmd(*self.args),
+            env=app_env(self.bootstrap, self.namespace, **self.extra_env),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+async def append_to_store(url: str, events: list[Event], chunk: int = 2000) -> None:
+    """Append ``events`` to the event store at ``url``, each to its own stream."""
+    from streamapp.eventstore import Append, open_store
+
+    store = await open_store(url)
+    try:
+        for i in range(0, len(events), chunk):
+            batch = [Append(e.stream_id or "", [e]) for e in events[i : i + chunk]]
+            result = await store.append_many(batch)
+            assert result.error is None, result.error
+    finally:
+        await store.close()
+
+
+async def topic_size(bootstrap: str, topic: str) -> int:
+    """Records in ``topic`` (sum of end offsets; no transactions on source topics)."""
+    from aiokafka import AIOKafkaConsumer
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+    assert tps, f"topic {topic} has no partitions"
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(tps)
+        return sum(ends.values())
+    finally:
+        await consumer.stop()

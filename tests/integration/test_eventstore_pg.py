@@ -8,13 +8,10 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator
-from urllib.parse import quote
 
-import psycopg
 import pytest
-from conftest import Services
+from conftest import PgUrlFactory
 from unit.test_eventstore import EventStoreContract, ev
 
 from streamapp.eventstore import EventStoreBackend, open_store
@@ -24,14 +21,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def pg_url(services: Services) -> AsyncIterator[str]:
-    schema = f"es_{uuid.uuid4().hex[:10]}"
-    async with await psycopg.AsyncConnection.connect(services.postgres, autocommit=True) as conn:
-        await conn.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in services.postgres else "?"
-    yield f"{services.postgres}{sep}options={quote(f'-csearch_path={schema}')}"
-    async with await psycopg.AsyncConnection.connect(services.postgres, autocommit=True) as conn:
-        await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+async def pg_url(pg_url_factory: PgUrlFactory) -> AsyncIterator[str]:
+    async with pg_url_factory() as url:
+        yield url
 
 
 class TestPostgresEventStore(EventStoreContract):

@@ -163,10 +163,23 @@ async def test_forwards_every_event_keyed_by_stream_id(
     assert all(v == list(range(1, len(v) + 1)) for v in versions.values())  # store order
     with sqlite3.connect(db) as conn:
         offsets = conn.execute(
-            "SELECT topic, kafka_offset, position FROM streamapp_forwarder_offsets"
+            "SELECT topic, kafka_offset, position FROM streamapp_forwarder_marks"
         ).fetchall()
     assert offsets
     assert max(pos for _, _, pos in offsets) == n
+    # Marks say where live delivery can start after a replay up to a position.
+    from streamapp.eventstore import open_store
+
+    store = await open_store(url)
+    try:
+        ends: dict[int, int] = {}
+        for rec in records:
+            ends[rec.partition] = max(ends.get(rec.partition, 0), rec.offset + 1)  # type: ignore[attr-defined]
+        for p, end in ends.items():
+            assert await store.live_offset(f"{ns}fwd-orders", p, n + 1) == end  # all replayed
+            assert await store.live_offset(f"{ns}fwd-orders", p, 1) is None  # nothing replayed
+    finally:
+        await store.close()
     assert "published positions" in fwd.log()
 
 
