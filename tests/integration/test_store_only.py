@@ -1,0 +1,114 @@
+"""STREAMAPP_BROKER=none: the event store is the only source, no broker runs.
+
+Worker processes of the orders app on a SQLite store: events appended while the worker
+runs reach its view, a kill -9 and restart keeps the table exact, a second worker of
+the same app and store is refused and names the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness import WorkerProc, append_to_store, order_events, read_table, wait_ready
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NS = "solo-"
+
+
+def _worker(tmp: Path, url: str, **env: str) -> WorkerProc:
+    return WorkerProc(
+        "127.0.0.1:1",  # no broker: a Kafka address that nothing answers
+        NS,
+        tmp / "data",
+        tmp / "worker.log",
+        extra_env={"STREAMAPP_BROKER": "none", "STREAMAPP_EVENT_STORE": url, **env},
+    )
+
+
+async def _wait_exact(worker: WorkerProc, expected: dict[str, tuple[int, str]]) -> None:
+    deadline = time.monotonic() + 60
+    wrong: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        table = await read_table([worker], "order_status", list(expected))
+        wrong = {
+            k: table.get(k)
+            for k, exp in expected.items()
+            if table.get(k) is None or (table[k]["version"], table[k]["status"]) != exp
+        }
+        if not wrong:
+            return
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"{len(wrong)} orders not exact, e.g. {list(wrong.items())[:3]}")
+
+
+async def test_appended_events_reach_the_view_while_the_worker_runs(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    events, expected = order_events(n_orders=300, n_events=6_000)
+    await append_to_store(url, events[:3_000])
+    worker = _worker(tmp_path, url).start()
+    try:
+        await wait_ready(worker)
+        await append_to_store(url, events[3_000:])  # while the worker runs
+        await _wait_exact(worker, expected)
+        status = await worker.status()
+        assert status is not None
+        assert len(status["partitions"]) == 8  # one worker owns every partition
+        assert {p["phase"] for p in status["partitions"].values()} == {"live"}
+        assert status["history"]["head"] == 6_000
+    finally:
+        assert worker.stop() == 0, worker.log_text()[-3000:]
+
+
+async def test_kill_9_and_restart_keeps_the_table_exact(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    events, expected = order_events(n_orders=500, n_events=20_000, seed=3)
+    await append_to_store(url, events[:5_000])
+    worker = _worker(tmp_path, url).start()
+    try:
+        await wait_ready(worker)
+        appending = asyncio.create_task(_append_slowly(url, events[5_000:]))
+        await asyncio.sleep(1.0)
+        worker.kill()  # mid-stream: appends go on
+        worker = _worker(tmp_path, url).start()
+        await appending
+        await wait_ready(worker)
+        await _wait_exact(worker, expected)
+    finally:
+        if worker.alive:
+            worker.kill()
+
+
+async def test_a_second_worker_of_the_app_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    first = _worker(tmp_path, url).start()
+    try:
+        await wait_ready(first)
+        second = _worker(tmp_path / "other", url)
+        (tmp_path / "other").mkdir()
+        second.start()
+        assert second.proc is not None
+        try:
+            code = second.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            raise AssertionError("the second worker was not refused") from None
+        assert code != 0
+        text = second.log_text()
+        assert f"another worker of app '{NS}orders'" in text
+        assert "pid" in text  # names the running one
+        assert first.alive
+    finally:
+        assert first.stop() == 0
+
+
+async def _append_slowly(url: str, events: list[Any]) -> None:
+    for i in range(0, len(events), 1_000):
+        await append_to_store(url, events[i : i + 1_000])
+        await asyncio.sleep(0.1)
