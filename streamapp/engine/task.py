@@ -399,7 +399,7 @@ class PartitionTask:
 
 def decode_stored(delivery: Delivery) -> Event:
     """A stored event: structured JSON in the delivery's value."""
-    return structured.from_json(delivery.value or b"")
+    return structured.from_stored(delivery.value or b"")
 
 
 def _close_when_opened(opening: asyncio.Future[Store]) -> None:

@@ -25,6 +25,7 @@ from .harness import (
     create_topics,
     order_events,
     read_table,
+    topic_size,
     wait_caught_up,
     wait_group_ready,
 )
@@ -89,6 +90,14 @@ async def test_three_workers_replay_while_more_is_appended_and_forwarded(
             await asyncio.sleep(0.05)
         await append_to_store(store_url, events[50_000:])  # while they replay
         assert seen_catching_up, "no worker was seen catching up"
+        # kill -9 the forwarder mid-run, then restart it: at-least-once, no gap
+
+        deadline = time.monotonic() + 60
+        while await topic_size(kafka_bootstrap, f"{ns}orders") < 15_000:
+            assert time.monotonic() < deadline, forwarder.log_text()[-3000:]
+            await asyncio.sleep(0.05)
+        forwarder.kill()
+        forwarder = _forwarder(kafka_bootstrap, ns, tmp_path, store_url).start()
         await wait_group_ready(workers, 8, within_s=120)
         await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 180, workers)
         await _wait_forwarded(kafka_bootstrap, ns, 60_000, forwarder)
@@ -187,7 +196,6 @@ async def _wait_phase(worker: WorkerProc, seen: Any, within_s: float = 90) -> No
 
 
 async def _wait_forwarded(kafka: str, ns: str, n: int, forwarder: StreamappProc) -> None:
-    from .harness import topic_size
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
