@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 
 from .engine.delivery import Message
-from .engine.pace import pause
+from .engine.pace import Pace, pause
 from .engine.phase import Phase
 from .engine.task import PartitionTask
 from .eventstore.base import EventStoreBackend, StoredEvent
@@ -107,6 +107,7 @@ class StoreFeed:
 
     async def _run(self) -> None:
         prefetch: tuple[int, asyncio.Task[list[StoredEvent]]] | None = None
+        pace = Pace(self._stop)
         while not self._stop.is_set():
             members = self._members()
             if not members:
@@ -118,12 +119,19 @@ class StoreFeed:
             if self._waiting and time.monotonic() - self._head_read > PROGRESS_EVERY_S / 2:
                 self.head = max(self.head, await self.store.head())
                 self._head_read = time.monotonic()
-            if prefetch is not None and prefetch[0] == start:
-                rows = await prefetch[1]
-            else:
-                if prefetch is not None:
-                    prefetch[1].cancel()
-                rows = await self._read(start)
+            try:
+                if prefetch is not None and prefetch[0] == start:
+                    rows = await prefetch[1]
+                else:
+                    if prefetch is not None:
+                        prefetch[1].cancel()
+                    rows = await self._read(start)
+            except Exception as exc:  # the store is down or busy: keep the partitions waiting
+                log.error("reading the event store failed (%r); retrying in %.1fs", exc, pace.delay)
+                prefetch = None
+                await pace.wait()
+                continue
+            pace.delay = pace.initial_s
             prefetch = None
             end = rows[-1].position + 1 if rows else start
             at_head = len(rows) < self.chunk

@@ -41,6 +41,15 @@ class Worker:
         self.source: LiveSource | None = None
         self._web: web.AppRunner | None = None
         self._stop = asyncio.Event()
+        for agent in app.agents.values():
+            url = agent.history.url if agent.history is not None else None
+            if url is not None and url != settings.event_store:
+                raise ConfigError(
+                    f"agent {agent.name!r} declares history FromEventStore(url={url!r}), but "
+                    f"a worker reads one event store, setting event_store "
+                    f"(STREAMAPP_EVENT_STORE) = {settings.event_store!r}: set the setting to "
+                    "that URL and drop url= from the agent"
+                )
         if settings.broker not in ("kafka", "none"):
             raise ConfigError(
                 f"setting broker (STREAMAPP_BROKER) = {settings.broker!r} is not available "

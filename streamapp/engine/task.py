@@ -323,6 +323,10 @@ class PartitionTask:
         except FencedError as exc:
             self._lost(exc)
             return False
+        except Exception as exc:  # a failed commit: the checkpoint still holds
+            log.error("%s: replayed batch failed (%r); it is read again", self.name, exc)
+            await self._recover()
+            return False
         return ok
 
     async def _apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
@@ -365,13 +369,13 @@ class PartitionTask:
         """After a failed commit: drop the batch, reset the changelog writer, rewind to
         the checkpoint. Retries with back-off while the partition is ours."""
         pace = Pace(self._closing)
-        while self.phase is Phase.LIVE:
+        while self.phase in (Phase.LIVE, Phase.CATCHING_UP):
             try:
                 if self.tables is not None:
                     self.tables.drop_batch()
                 if self.changelog is not None:
                     await self.changelog.reset()
-                if self.next_position is not None:
+                if self.next_position is not None and self.phase is Phase.LIVE:
                     self._rewind(self.next_position)
                 return True
             except FencedError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -70,3 +71,36 @@ async def test_a_taken_web_port_is_named_before_any_broker_is_asked() -> None:
         settings = app.settings(kafka_bootstrap="127.0.0.1:1", web_port=port)
         with pytest.raises(ConfigError, match=rf"127.0.0.1:{port}.*--web-port"):
             await Worker(app, settings).start()
+
+
+def test_an_agent_history_on_another_store_is_refused_with_the_setting() -> None:
+    from streamapp import FromEventStore
+
+    app = App("twostores")
+
+    @app.agent(app.topic("in", partitions=1), history=FromEventStore(url="sqlite:///other.db"))
+    async def agent(event: Event) -> None: ...
+
+    settings = app.settings(event_store="sqlite:///mine.db")
+    with pytest.raises(ConfigError, match=r"STREAMAPP_EVENT_STORE.*'sqlite:///mine.db'"):
+        Worker(app, settings)
+
+
+async def test_store_only_worker_needs_no_broker(tmp_path: Path) -> None:
+    app = App("solo")
+    seen: list[str] = []
+
+    @app.agent(app.topic("in", partitions=2))
+    async def agent(event: Event) -> None:
+        seen.append(event.id)
+
+    settings = app.settings(
+        broker="none", event_store=f"sqlite:///{tmp_path}/e.db", web_port=0, data_dir=tmp_path
+    )
+    worker = Worker(app, settings)
+    await worker.start()
+    try:
+        assert worker.source is not None
+        assert set(worker.source.assignment.tasks) == {("in", 0), ("in", 1)}
+    finally:
+        await worker.stop()
