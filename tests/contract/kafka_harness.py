@@ -77,8 +77,9 @@ class KafkaHarness(AgentHarness):
         self._probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap)
         await self._probe.start()
         self._http = aiohttp.ClientSession()
-        self.worker = Worker(app, settings)
-        await self.worker.start()
+        worker = Worker(app, settings)
+        await worker.start()  # stops what it started when it fails
+        self.worker = worker
 
     async def stop(self) -> None:
         worker, self.worker = self.worker, None
