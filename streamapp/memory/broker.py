@@ -73,15 +73,20 @@ class _EmptyHistory:
 
 
 class MemoryBroker:
-    """Runs an app's agents over in-memory topics."""
+    """Runs an app's agents over in-memory topics.
 
-    def __init__(self, app: App, *, max_attempts: int = 10) -> None:
+    ``max_attempts`` bounds the redeliveries of a failing record in one :meth:`process`;
+    ``batch_budget_s`` is the time a batch may take before it is committed in parts (the
+    ``batch_budget_ms`` setting of a worker).
+    """
+
+    def __init__(self, app: App, *, max_attempts: int = 10, batch_budget_s: float = 60.0) -> None:
         self.app = app
         self.max_attempts = max_attempts
         self.topics: dict[str, list[list[Message]]] = {}
         self._tasks: dict[tuple[str, int], tuple[PartitionTask, _MemoryPort]] = {}
         self._stores: dict[tuple[str, int], MemoryStore] = {}
-        self._config = TaskConfig(redeliver_pause_s=0.0, batch_budget_s=60.0)
+        self._config = TaskConfig(redeliver_pause_s=0.0, batch_budget_s=batch_budget_s)
         for plan in app.topic_plan():
             if plan.role != "changelog":
                 self.topics[plan.name] = [[] for _ in range(plan.partitions)]
@@ -153,8 +158,13 @@ class MemoryBroker:
         while (start := port.position) < len(records):
             before = Counter(task.outcomes)
             await task.process(records[start:])
-            counts.update(Counter(task.outcomes) - before)
-            if port.position < len(records):  # stopped at a failure: a redelivery
+            handled = Counter(task.outcomes) - before
+            counts.update(handled)
+            progress = port.position - start
+            # Stopped at a failure (a record handled but not settled), or no progress at
+            # all: a redelivery. A pass cut by the batch budget settles every record it
+            # handled: not a failed attempt.
+            if handled.total() > progress or progress <= 0:
                 attempts += 1
                 if attempts >= self.max_attempts:
                     break

@@ -1,0 +1,68 @@
+"""The agent contract over the in-memory broker: the same partition task, in one loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from streamapp import App
+from streamapp.memory import MemoryBroker
+
+from .harness import AgentHarness, Parked
+
+
+class MemoryHarness(AgentHarness):
+    """``settle`` is one :meth:`MemoryBroker.process` round (bounded by its attempts)."""
+
+    redeliver_pause_s = None
+    stateless_calls_exact = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._broker: MemoryBroker | None = None
+        self._batch_budget_s = 60.0
+
+    def new_app(self, **settings: Any) -> App:
+        budget_ms = settings.pop("batch_budget_ms", None)
+        if budget_ms is not None:
+            self._batch_budget_s = budget_ms / 1000
+        return App("contract-memory", **settings)
+
+    def name(self, base: str) -> str:
+        return base
+
+    async def start(self, app: App) -> None:
+        self.app = app
+        self._broker = MemoryBroker(app, batch_budget_s=self._batch_budget_s)
+
+    async def stop(self) -> None:
+        self._broker = None
+
+    @property
+    def broker(self) -> MemoryBroker:
+        assert self._broker is not None, "start the app first"
+        return self._broker
+
+    async def send_raw(
+        self,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        self.broker.send_raw(self.topic, value, key=key, headers=headers)
+
+    async def settle(self, within_s: float = 30.0) -> bool:
+        await self.broker.process()  # bounded by max_attempts per partition
+        return self.broker.pending(self.topic) == 0
+
+    async def unsettled(self) -> int:
+        return self.broker.pending(self.topic)
+
+    async def table(self, name: str, key: str) -> Any:
+        return self.broker.table(name).get(key)
+
+    async def parked(self, topic: str) -> list[Parked]:
+        if topic not in self.broker.topics:
+            return []
+        return [Parked(r.value, r.key, dict(r.headers)) for r in self.broker.records(topic)]

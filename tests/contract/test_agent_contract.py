@@ -1,0 +1,391 @@
+"""The agent contract: one suite of agent semantics, run over every transport.
+
+:class:`AgentContract` holds the tests; each transport subclasses it with a ``h`` fixture
+giving its :class:`~tests.contract.harness.AgentHarness` (RabbitMQ and the event store
+join the same way). Outcomes and settling follow DESIGN.md, "Outcomes and settling".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamapp import App, Event, Park, Redeliver, Table, TableView
+from streamapp.kafka import codec
+from streamapp.partitioner import partition_for
+
+from .harness import AgentHarness
+from .kafka_harness import KafkaHarness
+from .memory_harness import MemoryHarness
+
+Fail = Callable[[Event, TableView[Any]], Awaitable[None]]
+AGENT = "logger"
+
+
+def key_on(partition: int, partitions: int, prefix: str = "k", skip: int = 0) -> str:
+    """The ``skip``-th key ``prefix<i>`` that belongs to ``partition``."""
+    found = [
+        f"{prefix}{i}"
+        for i in range(10_000)
+        if partition_for(f"{prefix}{i}".encode(), partitions) == partition
+    ]
+    return found[skip]
+
+
+def ev(sid: str, name: str, *, version: int | None = None, type: str = "add") -> Event:
+    return Event.create(type, stream_id=sid, data={"name": name}, version=version, id=name)
+
+
+def log_app(
+    h: AgentHarness,
+    *,
+    partitions: int = 2,
+    filter: Callable[[Event], bool] | None = None,
+    on_failure: Park | Redeliver | None = None,
+    fail: Fail | None = None,
+) -> App:
+    """One agent that logs, per stream, how many events it applied and their ids in
+    order; ``fail`` runs after that write (so a failure must roll it back)."""
+    app = h.new_app()
+    topic = app.topic(h.name("in"), partitions=partitions)
+    log: Table[dict[str, Any]] = Table("log")
+
+    @app.agent(topic, tables=[log], filter=filter, on_failure=on_failure, name=AGENT)
+    async def logger(event: Event, view: TableView[dict[str, Any]]) -> None:
+        h.calls[event.id] += 1
+        sid = event.stream_id
+        assert sid is not None
+        row = view.get(sid, {"n": 0, "seen": []})
+        view[sid] = {"n": row["n"] + 1, "seen": [*row["seen"], event.id]}
+        if fail is not None:
+            await fail(event, view)
+
+    return app
+
+
+def logged(*ids: str) -> dict[str, Any]:
+    return {"n": len(ids), "seen": list(ids)}
+
+
+class AgentContract:
+    """Agent semantics every transport must give. Subclasses provide the ``h`` fixture."""
+
+    @pytest.fixture
+    def h(self) -> AgentHarness:
+        raise NotImplementedError("a transport's subclass provides the harness")
+
+    # 1. DELIVERED ---------------------------------------------------------------------
+    async def test_delivered_applies_in_order_per_key_across_partitions(
+        self, h: AgentHarness
+    ) -> None:
+        await h.start(log_app(h, partitions=3))
+        keys = [f"order-{i}" for i in range(9)]
+        assert {partition_for(k.encode(), 3) for k in keys} == {0, 1, 2}
+        expected: dict[str, list[str]] = {k: [] for k in keys}
+        for i in range(180):
+            key = keys[(i * 4 + i // 9) % 9]  # interleaved: every batch mixes keys
+            version = len(expected[key]) + 1
+            name = f"{key}#{version}"
+            expected[key].append(name)
+            await h.send(ev(key, name, version=version if i % 5 else None))
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        for key in keys:
+            assert await h.table("log", key) == logged(*expected[key])
+        assert sorted(h.calls) == sorted(n for names in expected.values() for n in names)
+        assert set(h.calls.values()) == {1}
+        assert await h.table("log", "order-never-sent") is None
+
+    # 2. FILTERED ------------------------------------------------------------------------
+    async def test_filtered_is_not_applied_but_settled(self, h: AgentHarness) -> None:
+        a, b = key_on(0, 2), key_on(1, 2)
+        await h.start(log_app(h, filter=lambda e: e.type != "skip"))
+        for event in (
+            ev(a, "a1"),
+            ev(a, "a2", type="skip"),
+            ev(a, "a3"),
+            ev(b, "b1", type="skip"),
+            ev(b, "b2"),
+            ev("only-skipped", "c1", type="skip"),
+        ):
+            await h.send(event)
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", a) == logged("a1", "a3")
+        assert await h.table("log", b) == logged("b2")
+        assert await h.table("log", "only-skipped") is None
+        assert dict(h.calls) == {"a1": 1, "a3": 1, "b2": 1}  # the handler never saw a skip
+
+    # 3. Stream versions ---------------------------------------------------------------------
+    async def test_stream_version_not_above_applied_is_skipped_and_settled(
+        self, h: AgentHarness
+    ) -> None:
+        a, b = key_on(0, 2), key_on(1, 2)
+        await h.start(log_app(h))
+        for event in (
+            ev(a, "a-v1", version=1),
+            ev(a, "a-v2", version=2),
+            ev(a, "a-v2-dup", version=2),  # duplicate within a batch
+            ev(b, "b-v5", version=5),  # versions are per stream
+        ):
+            await h.send(event)
+        assert await h.settle()
+        for event in (
+            ev(a, "a-v2-again", version=2),  # duplicate in a later batch (committed state)
+            ev(a, "a-v1-older", version=1),
+            ev(a, "a-v3", version=3),
+            ev(a, "a-none-1"),  # no streamversion: always applied
+            ev(a, "a-none-2"),
+            ev(b, "b-v4", version=4),
+            ev(b, "b-v6", version=6),
+        ):
+            await h.send(event)
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", a) == logged("a-v1", "a-v2", "a-v3", "a-none-1", "a-none-2")
+        assert await h.table("log", b) == logged("b-v5", "b-v6")
+        skipped = ("a-v2-dup", "a-v2-again", "a-v1-older", "b-v4")
+        assert not any(h.calls[name] for name in skipped)  # the guard runs before the handler
+
+    # 4. NOT_DELIVERABLE under Park ------------------------------------------------------------
+    async def test_not_deliverable_is_parked_with_reason_and_the_partition_goes_on(
+        self, h: AgentHarness
+    ) -> None:
+        await h.start(log_app(h, on_failure=Park(h.name("in.parked"))))
+        oid = "order-bad"
+        p = partition_for(oid.encode(), 2)
+        good = [ev(oid, f"good-{i}") for i in range(3)]
+        _, _, good_headers = codec.encode(good[0])
+        no_stream_id = [(n, v) for n, v in good_headers if n != "ce_streamid"]
+        raw = [
+            (b"plain text, not a CloudEvent", [("x-trace", b"\xff")]),
+            (b"{not json", good_headers),  # application/json, invalid JSON
+            (b"{}", no_stream_id),  # a CloudEvent without a stream id (nor a subject)
+        ]
+        await h.send(good[0])
+        for value, headers in raw:
+            await h.send_raw(value, key=oid.encode(), headers=headers)
+        await h.send(good[1])
+        await h.send(good[2])
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", oid) == logged("good-0", "good-1", "good-2")
+        assert dict(h.calls) == {"good-0": 1, "good-1": 1, "good-2": 1}
+
+        parked = await h.parked(h.name("in.parked"))
+        assert [r.value for r in parked] == [value for value, _ in raw]
+        assert all(r.key == oid.encode() for r in parked)
+        assert "not a CloudEvent" in parked[0].reason
+        assert "not valid JSON" in parked[1].reason
+        assert "no stream id" in parked[2].reason
+        assert [r.source for r in parked] == [f"{h.topic}/{p}/{i}" for i in (1, 2, 3)]
+        assert all(r.headers["streamapp-agent"] == AGENT.encode() for r in parked)
+        assert parked[0].headers["x-trace"] == b"\xff"  # the original headers travel along
+        assert parked[2].headers["ce_id"] == good[0].id.encode()
+
+    # 5. Handler raises under Park ------------------------------------------------------------
+    async def test_handler_error_is_parked_its_writes_rolled_back_and_the_partition_goes_on(
+        self, h: AgentHarness
+    ) -> None:
+        a, b = key_on(0, 2), key_on(1, 2)
+
+        async def fail(event: Event, view: TableView[Any]) -> None:
+            if event.type == "boom":
+                raise RuntimeError(f"boom {event.id}")
+
+        await h.start(log_app(h, on_failure=Park(h.name("in.parked")), fail=fail))
+        sent = [
+            ev(a, "a1", version=1),
+            ev(a, "a-boom", version=2, type="boom"),
+            ev(a, "a2", version=2),  # the failed event's version was not recorded either
+            ev(a, "a3", version=3),
+            ev(b, "b-boom", type="boom"),
+            ev(b, "b1"),
+        ]
+        for event in sent:
+            await h.send(event)
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", a) == logged("a1", "a2", "a3")
+        assert await h.table("log", b) == logged("b1")
+        assert h.calls["a-boom"] == h.calls["b-boom"] == 1  # parked, not retried
+
+        parked = await h.parked(h.name("in.parked"))
+        by_id = {r.headers["ce_id"].decode(): r for r in parked}
+        assert sorted(by_id) == ["a-boom", "b-boom"]
+        assert len(parked) == 2
+        assert by_id["a-boom"].reason == "RuntimeError: boom a-boom"
+        assert by_id["b-boom"].reason == "RuntimeError: boom b-boom"
+        assert by_id["a-boom"].source == f"{h.topic}/{partition_for(a.encode(), 2)}/1"
+        assert by_id["b-boom"].source == f"{h.topic}/{partition_for(b.encode(), 2)}/0"
+        assert by_id["a-boom"].value == codec.encode(sent[1])[1]
+        assert by_id["a-boom"].key == a.encode()
+
+    # 6. Redeliver ---------------------------------------------------------------------------
+    async def test_redeliver_fails_twice_then_applies_once_other_partition_not_held(
+        self, h: AgentHarness
+    ) -> None:
+        stuck, other = key_on(0, 2), key_on(1, 2)
+        others = [f"o{i}" for i in range(20)]
+        others_done_at_success: list[int] = []
+
+        async def fail(event: Event, view: TableView[Any]) -> None:
+            if event.id != "flaky":
+                return
+            if h.calls["flaky"] <= 2:
+                raise ConnectionError("transient")  # after the write: rolled back
+            others_done_at_success.append(sum(1 for o in others if h.calls[o]))
+
+        pause = h.redeliver_pause_s
+        await h.start(log_app(h, on_failure=Redeliver(pause_s=pause), fail=fail))
+        await h.send(ev(stuck, "s1"))
+        await h.send(ev(stuck, "flaky"))
+        await h.send(ev(stuck, "s3"))
+        for name in others:
+            await h.send(ev(other, name))
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", stuck) == logged("s1", "flaky", "s3")
+        assert await h.table("log", other) == logged(*others)
+        assert h.calls["flaky"] == 3
+        assert h.calls["s1"] == h.calls["s3"] == 1  # the settled prefix is not redelivered
+        assert all(h.calls[o] == 1 for o in others)
+        assert len(others_done_at_success) == 1
+        self.assert_other_partition_not_held(others_done_at_success[0], len(others))
+
+    def assert_other_partition_not_held(self, done_at_success: int, total: int) -> None:
+        """Partitions run side by side: the other one finished during the pauses."""
+        assert done_at_success == total
+
+    # 7. A write to another partition's key -------------------------------------------------
+    async def test_foreign_key_write_fails_and_is_parked_nothing_written(
+        self, h: AgentHarness
+    ) -> None:
+        own, foreign = key_on(0, 2), key_on(1, 2)
+
+        async def fail(event: Event, view: TableView[Any]) -> None:
+            if event.type == "cross":
+                view[foreign] = {"n": 99, "seen": ["written from partition 0"]}
+
+        await h.start(log_app(h, on_failure=Park(h.name("in.parked")), fail=fail))
+        await h.send(ev(own, "own-1"))
+        await h.send(ev(own, "cross-1", type="cross"))
+        await h.send(ev(own, "own-2"))
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", own) == logged("own-1", "own-2")  # own write rolled back
+        assert await h.table("log", foreign) is None
+        assert h.calls["cross-1"] == 1
+        (parked,) = await h.parked(h.name("in.parked"))
+        assert parked.headers["ce_id"] == b"cross-1"
+        assert parked.reason.startswith(
+            f"ForeignKeyError: table 'log': key {foreign!r} belongs to partition 1, "
+            "but this event is handled in partition 0."
+        )
+        assert parked.source == f"{h.topic}/0/1"
+
+    # 8. Batch budget ----------------------------------------------------------------------
+    async def test_batch_budget_commits_a_slow_batch_in_parts_exactly(
+        self, h: AgentHarness
+    ) -> None:
+        n = 60
+        app = h.new_app(batch_budget_ms=30)
+        topic = app.topic(h.name("in"), partitions=1)
+        seen: Table[int] = Table("seen")
+
+        @app.agent(topic, tables=[seen], name="slow")
+        async def slow(event: Event, counts: TableView[int]) -> None:
+            h.calls[event.id] += 1
+            await asyncio.sleep(0.01)  # ~3 events a budget: about 20 parts
+            sid = event.stream_id
+            assert sid is not None
+            counts[sid] = counts.get(sid, 0) + 1
+
+        await h.start(app)
+        keys = ("k0", "k1", "k2")
+        for i in range(n):
+            await h.send(ev(keys[i % 3], f"e{i}"))
+
+        samples: list[tuple[int, int]] = []  # (unsettled at the source, committed in table)
+        done = asyncio.Event()
+
+        async def sample() -> None:
+            deadline = time.monotonic() + 60
+            while not done.is_set() and time.monotonic() < deadline:
+                behind = await h.unsettled()  # first the source, then the (later) table
+                applied = [await h.table("seen", k) for k in keys]
+                samples.append((behind, sum(v or 0 for v in applied)))
+                await asyncio.sleep(0.005)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            assert await h.settle()
+        finally:
+            done.set()
+            await sampler
+        assert await h.unsettled() == 0
+        assert [await h.table("seen", k) for k in keys] == [20, 20, 20]
+        assert sorted(h.calls) == sorted(f"e{i}" for i in range(n))
+        assert set(h.calls.values()) == {1}  # a cut is not a failure: nothing re-handled
+        partial = {behind for behind, _ in samples if 0 < behind < n}
+        assert len(partial) >= 2, samples  # settled in several parts, not once at the end
+        # never settled before durable: the table holds at least what the source settled
+        assert all(applied >= n - behind for behind, applied in samples), samples
+
+    # 9. No tables ------------------------------------------------------------------------------
+    async def test_agent_without_tables_sees_every_event(self, h: AgentHarness) -> None:
+        app = h.new_app()
+        topic = app.topic(h.name("in"), partitions=2)
+        seen: dict[str, list[str]] = {}
+
+        @app.agent(topic, name="stateless")
+        async def stateless(event: Event) -> None:
+            h.calls[event.id] += 1
+            sid = event.stream_id
+            assert sid is not None
+            seen.setdefault(sid, []).append(event.data["name"])
+
+        await h.start(app)
+        a, b = key_on(0, 2), key_on(1, 2)
+        expected = {a: [f"a{i}" for i in range(15)], b: [f"b{i}" for i in range(15)]}
+        for i in range(15):
+            await h.send(ev(a, f"a{i}", version=1))  # no table: no version guard
+            await h.send(ev(b, f"b{i}"))
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert sorted(h.calls) == sorted(expected[a] + expected[b])
+        assert {k: list(dict.fromkeys(v)) for k, v in seen.items()} == expected  # in order
+        if h.stateless_calls_exact:
+            assert seen == expected
+            assert set(h.calls.values()) == {1}
+
+
+class TestMemory(AgentContract):
+    @pytest.fixture
+    async def h(self) -> AsyncIterator[AgentHarness]:
+        harness = MemoryHarness()
+        try:
+            yield harness
+        finally:
+            await harness.stop()
+
+    def assert_other_partition_not_held(self, done_at_success: int, total: int) -> None:
+        """The memory broker drains one partition at a time (no "meanwhile"): the other
+        partition is drained whole, before or after, never cut by the retries."""
+        assert done_at_success in (0, total)
+
+
+@pytest.mark.integration
+class TestKafka(AgentContract):
+    @pytest.fixture
+    async def h(self, kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[AgentHarness]:
+        harness = KafkaHarness(kafka_bootstrap, tmp_path / "data")
+        try:
+            yield harness
+        finally:
+            await harness.stop()
