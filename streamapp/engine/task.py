@@ -109,6 +109,14 @@ class PartitionTask:
         """Pause the partition, then open, restore and catch up in the background."""
         self.port.pause()
         self._opening = asyncio.create_task(self.open(), name=f"open {self.name}")
+        self._opening.add_done_callback(self._opening_done)
+
+    def _opening_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "%s: cannot open: %s; the partition stays paused", self.name, task.exception()
+            )
+            self.phase = Phase.LOST
 
     async def open(self) -> None:
         """Open, restore, catch up and go live, retrying with back-off: a partition is

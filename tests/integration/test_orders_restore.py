@@ -93,3 +93,44 @@ async def test_restore_of_a_big_partition_does_not_stall_the_others(
     finally:
         if b.alive:
             assert b.stop() == 0
+
+
+async def test_a_store_older_than_delete_retention_is_wiped_and_restored_in_full(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The Kafka Streams rule: compaction may have dropped deletes a stale store never saw."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    from .harness import order_events
+
+    ns = f"stale{uuid.uuid4().hex[:6]}-"
+    topic = f"{ns}orders"
+    create_topics(kafka_bootstrap, ns)
+    events, expected = order_events(n_orders=100, n_events=2_000)
+    await produce(kafka_bootstrap, topic, events)
+    first = WorkerProc(kafka_bootstrap, ns, tmp_path / "d", tmp_path / "w.log").start()
+    await wait_ready(first)
+    await wait_caught_up(kafka_bootstrap, topic, topic, 60, [first])
+    assert first.stop() == 0
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:  # the local store is now older than the changelog's delete retention
+        changelog = f"{ns}orders-project_order_status-changelog"
+        resource = ConfigResource(
+            ConfigResourceType.TOPIC, changelog, {"delete.retention.ms": "1000"}
+        )
+        await admin.alter_configs([resource])
+    finally:
+        await admin.close()
+    await asyncio.sleep(1.5)
+    again = WorkerProc(kafka_bootstrap, ns, tmp_path / "d", tmp_path / "w2.log").start()
+    try:
+        status = await wait_ready(again)
+        restored = sum(p["restored"] for p in status["partitions"].values())
+        assert restored > 0  # in full, from offset 0, though the store was current
+        assert again.log_text().count("wiped and restored in full") == 8
+        table = await read_table([again], "order_status", list(expected))
+        assert_exact(table, expected)
+    finally:
+        again.kill()
