@@ -84,10 +84,12 @@ class StoreFeed:
 
     def follow(self, task: PartitionTask) -> None:
         """Keep feeding ``task`` after its catch-up (the store is its live source)."""
+        task.follows_store = True
         self._following.add(task)
         self._wake.set()
 
     def forget(self, task: PartitionTask) -> None:
+        task.follows_store = False
         self._following.discard(task)
 
     # the reader --------------------------------------------------------------------
@@ -116,15 +118,14 @@ class StoreFeed:
                     await asyncio.wait_for(self._wake.wait(), self.poll_s)
                 continue
             start = min(t.history_position() for t in members)
-            if self._waiting and time.monotonic() - self._head_read > PROGRESS_EVERY_S / 2:
-                self.head = max(self.head, await self.store.head())
-                self._head_read = time.monotonic()
             try:
+                if self._waiting and time.monotonic() - self._head_read > PROGRESS_EVERY_S / 2:
+                    self.head = max(self.head, await self.store.head())
+                    self._head_read = time.monotonic()
                 if prefetch is not None and prefetch[0] == start:
                     rows = await prefetch[1]
                 else:
-                    if prefetch is not None:
-                        prefetch[1].cancel()
+                    _discard(prefetch)
                     rows = await self._read(start)
             except Exception as exc:  # the store is down or busy: keep the partitions waiting
                 log.error("reading the event store failed (%r); retrying in %.1fs", exc, pace.delay)
@@ -145,10 +146,11 @@ class StoreFeed:
                 for task in members:
                     if task not in failed and task.history_position() >= end:
                         self._caught_up(task)
-                if not rows or failed:
-                    await pause(self._stop, self.poll_s if not failed else self.redeliver_pause_s)
-        if prefetch is not None:
-            prefetch[1].cancel()
+            if failed:  # an event failed under Redeliver: pace the retries
+                await pause(self._stop, self.redeliver_pause_s)
+            elif at_head and not rows:
+                await pause(self._stop, self.poll_s)
+        _discard(prefetch)
 
     async def _read(self, start: int) -> list[StoredEvent]:
         self.reads += 1
@@ -200,12 +202,22 @@ class StoreFeed:
         return shares
 
     def _caught_up(self, task: PartitionTask) -> None:
-        future = self._waiting.get(task)
+        """Release ``task`` to go live; it is no member of any later read (a read in
+        flight while it hands over must never reach it)."""
+        future = self._waiting.pop(task, None)
         if future is not None and not future.done():
             future.set_result(None)
 
     def status(self) -> dict[str, object]:
         return {"head": self.head, "catching_up": len(self._waiting), "reads": self.reads}
+
+
+def _discard(prefetch: tuple[int, asyncio.Task[list[StoredEvent]]] | None) -> None:
+    """Drop a read ahead that is not wanted, without leaving its error unretrieved."""
+    if prefetch is not None:
+        task = prefetch[1]
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 class _Progress:

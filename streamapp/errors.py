@@ -96,3 +96,7 @@ class ConcurrencyError(StreamappError):
 
 class InvalidEventError(StreamappError):
     """An event cannot be appended as given (e.g. its streamid names another stream)."""
+
+
+class ShutdownTimeoutError(StreamappError):
+    """A worker did not finish draining within ``shutdown_timeout_s``."""

@@ -88,10 +88,15 @@ class Forwarder:
             failures = 0
             try:
                 while True:
-                    if await self.store.head() < position:
+                    try:
+                        rows = await self.store.read_all(position, self.chunk)
+                    except Exception as exc:  # the store restarts or is busy: read again
+                        log.warning("forwarder %s: reading the store failed: %r", self.name, exc)
                         await asyncio.sleep(self.poll_interval_s)
                         continue
-                    rows = await self.store.read_all(position, self.chunk)
+                    if not rows:
+                        await asyncio.sleep(self.poll_interval_s)
+                        continue
                     try:
                         receipts = await sink.publish_many(self._messages(rows))
                     except PublishError as exc:

@@ -20,7 +20,7 @@ from aiohttp import web
 from .app import App
 from .catchup import StoreFeed
 from .engine.source import LiveSource
-from .errors import ConfigError
+from .errors import ConfigError, ShutdownTimeoutError
 from .eventstore import open_store
 from .eventstore.base import EventStoreBackend
 from .settings import Settings
@@ -138,12 +138,10 @@ class Worker:
         try:
             await asyncio.wait_for(self._shutdown(), self.settings.shutdown_timeout_s)
         except TimeoutError:
-            log.error(
-                "worker %s did not stop within %.0fs (setting shutdown_timeout_s)",
-                self.id,
-                self.settings.shutdown_timeout_s,
-            )
-            raise
+            raise ShutdownTimeoutError(
+                f"worker {self.id} did not stop within {self.settings.shutdown_timeout_s:.0f}s "
+                "(setting shutdown_timeout_s); batches in hand are redelivered to the next owner"
+            ) from None
         log.info("worker %s stopped", self.id)
 
     async def _shutdown(self) -> None:

@@ -26,10 +26,10 @@ class PartitionPort(Protocol):
     async def settle(self, position: int) -> None:
         """Every delivery before ``position`` is done (commit the offset; ack)."""
 
-    async def begin(self, position: int | None, *, stateful: bool) -> int:
+    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         """Start live delivery at ``position``; None: the transport decides (a stateless
-        agent: the group's committed position; a new table: the reset policy). Returns
-        the position where delivery starts."""
+        agent: the group's committed position; a new table: the reset policy, or the
+        beginning with ``earliest``). Returns the position where delivery starts."""
         ...
 
 

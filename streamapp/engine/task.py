@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import structured
 from ..agent import Agent, BatchResult, run_batch
-from ..errors import ConfigError, FencedError
+from ..errors import ConfigError, FencedError, StoreFormatError
 from ..events import Event
 from ..outcomes import Outcome
 from ..tables.checkpoint import Checkpoint
@@ -60,6 +59,8 @@ class TaskConfig:
     batch_budget_s: float = 10.0
     redeliver_pause_s: float = 0.5
     close_budget_s: float = 30.0
+    policy_pauses: bool = True
+    """Honour ``Redeliver(pause_s=...)``; the memory broker retries at once instead."""
 
 
 class PartitionTask:
@@ -91,7 +92,10 @@ class PartitionTask:
         self.restored = 0
         self.replayed = 0
         self.history_next = 1
-        """The next store position of a task without tables (kept in memory only)."""
+        """The next store position known here: ahead of the checkpoint when chunks had
+        nothing for this partition (not worth a commit), or for a task without tables."""
+        self.follows_store = False
+        """True when the event store is this task's live source (STREAMAPP_BROKER=none)."""
         self.outcomes: dict[Outcome, int] = {}
         """Outcomes of every delivery handled, live and replayed."""
         self._opening: asyncio.Task[None] | None = None
@@ -133,8 +137,8 @@ class PartitionTask:
             except FencedError as exc:
                 self._lost(exc)
                 return
-            except ConfigError:
-                raise
+            except (ConfigError, StoreFormatError):
+                raise  # no retry helps: the opening task reports it and the partition is lost
             except Exception as exc:
                 log.error("%s: opening failed (%r); retrying in %.1fs", self.name, exc, pace.delay)
                 await self._release()
@@ -215,7 +219,9 @@ class PartitionTask:
         await self.history.catch_up(self)
         if self.phase is not Phase.CATCHING_UP:
             return
-        await self._commit(tables.checkpoint.advanced(caught_up=True), None)
+        await self._commit(
+            tables.checkpoint.advanced(caught_up=True, history=self.history_position()), None
+        )
         log.info("%s caught up at store position %s", self.name, tables.checkpoint.history)
 
     async def _go_live(self) -> None:
@@ -227,9 +233,10 @@ class PartitionTask:
             start = await self.port.begin(None, stateful=False)
         else:
             position = tables.checkpoint.live
-            if position is None and self.history is not None and self.agent.history:
+            from_history = position is None and self.agent.history is not None
+            if from_history and self.history is not None:
                 position = await self.history.live_start(self)
-            start = await self.port.begin(position, stateful=True)
+            start = await self.port.begin(position, stateful=True, earliest=from_history)
         self.next_position = self.start_position = start
         self._reseek = False
         self.phase = Phase.LIVE
@@ -276,7 +283,9 @@ class PartitionTask:
                     self._rewind(chunk[result.settled].position)
                     if result.redeliver:
                         policy_pause = getattr(self.agent.on_failure, "pause_s", None)
-                        wait_s = policy_pause or config.redeliver_pause_s
+                        wait_s = config.redeliver_pause_s
+                        if policy_pause is not None and config.policy_pauses:
+                            wait_s = policy_pause
                     break
         except FencedError as exc:
             self._lost(exc)
@@ -316,14 +325,17 @@ class PartitionTask:
     def history_position(self) -> int:
         """The next event-store position this partition needs (1: nothing replayed)."""
         tables = self.tables
-        return (tables.checkpoint.history or 1) if tables is not None else self.history_next
+        if tables is None:
+            return self.history_next
+        return max(tables.checkpoint.history or 1, self.history_next)
 
     async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
         """Apply stored events of this partition, read up to ``next_position`` (exclusive),
         and commit with the store position. False when an event failed under Redeliver:
         the position stops before it, and the feed tries again after a pause."""
-        if self.phase not in (Phase.CATCHING_UP, Phase.LIVE):
-            return False
+        live_from_store = self.phase is Phase.LIVE and self.follows_store
+        if self.phase is not Phase.CATCHING_UP and not live_from_store:
+            return False  # handed over (or closed): the live source feeds it now
         work = asyncio.ensure_future(self._apply_history(deliveries, next_position))
         self._batch = work
         try:
@@ -331,6 +343,11 @@ class PartitionTask:
         except FencedError as exc:
             self._lost(exc)
             return False
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the feed itself is stopping
+            return False  # close() gave up on this chunk: the checkpoint holds
         except Exception as exc:  # a failed commit: the checkpoint still holds
             log.error("%s: replayed batch failed (%r); it is read again", self.name, exc)
             await self._recover()
@@ -338,16 +355,20 @@ class PartitionTask:
         return ok
 
     async def _apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
-        result = await self._run(deliveries, decode_stored, math.inf)
+        if not deliveries:  # nothing of this partition: advance without a commit
+            self.history_next = max(self.history_next, next_position)
+            return True
+        result = await self._run(deliveries, decode_stored, self.config.batch_budget_s)
         done = next_position
         if result.settled < len(deliveries):
             done = deliveries[result.settled].position
         tables = self.tables
-        if tables is not None:
+        if tables is not None and result.settled:
             await self._commit(tables.checkpoint.advanced(history=done), None)
-        self.history_next = done
+        if result.settled:
+            self.history_next = done
         self.replayed += result.settled
-        return result.settled == len(deliveries)
+        return result.failure is None  # a batch cut by the budget made progress
 
     # the commit order --------------------------------------------------------------
     async def _commit(self, checkpoint: Checkpoint, settle_at: int | None) -> None:

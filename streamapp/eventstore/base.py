@@ -17,7 +17,7 @@ from typing import Protocol
 
 from ..errors import ConcurrencyError, ConfigError, InvalidEventError
 from ..events import Event
-from ..structured import from_json, to_json
+from ..structured import from_stored, to_json
 
 SETTING = "event_store (STREAMAPP_EVENT_STORE)"
 
@@ -35,8 +35,8 @@ class StoredEvent:
     """The CloudEvent in structured JSON, ``streamid`` and ``streamversion`` set."""
 
     def event(self) -> Event:
-        """The decoded CloudEvent."""
-        return from_json(self.payload)
+        """The decoded CloudEvent (the store wrote it: the fast path, checked fallback)."""
+        return from_stored(self.payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,17 +167,21 @@ def parse_url(url: str) -> StoreUrl:
 
 
 LIVE_OFFSET_SQL = (
-    "SELECT max(kafka_offset) FROM streamapp_forwarder_marks "
-    "WHERE topic = ? AND kafka_partition = ? AND position < ?"
+    "SELECT min(kafka_offset) FROM ("
+    "SELECT name, max(kafka_offset) AS kafka_offset FROM streamapp_forwarder_marks "
+    "WHERE topic = ? AND kafka_partition = ? AND position < ? GROUP BY name) AS latest"
 )
 """Where live delivery may start after a replay that applied every position below P.
 
-The forwarder publishes in store order and records, after each confirmed chunk, a mark
+A forwarder publishes in store order and records, after each confirmed chunk, a mark
 per topic partition: the highest offset and the store position that record carried. A
-restarted forwarder publishes again from its checkpoint, so every position at or above
-P is published (again) after the latest mark whose position is below P. Starting at
-that mark's offset + 1 therefore misses nothing, and re-reads at most about one chunk
-of what the replay applied (the stream-version rule skips it)."""
+forwarder restarted from its checkpoint publishes again from there, so every position
+at or above P that it publishes comes after its own latest mark below P. Forwarders of
+other names (one runs at a time) leave marks of their own: taking the lowest of each
+name's latest mark below P, then offset + 1, misses nothing whichever name goes on, and
+re-reads about one chunk of what the replay applied (the stream-version rule skips it).
+No mark (a new topic, or a forwarder that has not run): the task starts at the
+beginning of the topic, whatever ``auto_offset_reset`` says."""
 
 
 def worker_locked(app_id: str, url: str, holder: str) -> ConfigError:

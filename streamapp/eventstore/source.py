@@ -47,7 +47,7 @@ class _StorePort:
     async def settle(self, position: int) -> None:
         pass  # the checkpoint in the table is the only position
 
-    async def begin(self, position: int | None, *, stateful: bool) -> int:
+    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         task = self.task
         assert task is not None
         if not stateful:  # no state to build: new events only, like a new consumer group

@@ -7,6 +7,8 @@ import logging
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
+from ..errors import SourceError
+
 log = logging.getLogger("streamapp.partition")
 
 
@@ -38,7 +40,13 @@ class KafkaPartitionPort:
                 exc,
             )
 
-    async def begin(self, position: int | None, *, stateful: bool) -> int:
+    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
+        try:
+            return await self._begin(position, stateful, earliest)
+        except KafkaError as exc:
+            raise SourceError(f"{self.name}: cannot start live delivery: {exc!r}") from exc
+
+    async def _begin(self, position: int | None, stateful: bool, earliest: bool) -> int:
         if position is None and not stateful:  # no state: the group's committed offset
             return int(await self.consumer.position(self.tp))
         if position is not None:
@@ -47,12 +55,13 @@ class KafkaPartitionPort:
             # commit): commit what is durable so that lag reads true.
             await self.settle(position)
             return position
-        if self.reset == "earliest":  # a new table: built from the topic, not the group
+        reset = "earliest" if earliest else self.reset
+        if reset == "earliest":  # a new table: built from the topic, not the group
             await self.consumer.seek_to_beginning(self.tp)
         else:
             await self.consumer.seek_to_end(self.tp)
         start = int(await self.consumer.position(self.tp))
-        log.info("%s has no checkpoint: starts at the %s offset %d", self.name, self.reset, start)
+        log.info("%s has no checkpoint: starts at the %s offset %d", self.name, reset, start)
         return start
 
     def _quietly(self, call: object, *args: object) -> None:

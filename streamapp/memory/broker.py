@@ -54,7 +54,7 @@ class _MemoryPort:
     async def settle(self, position: int) -> None:
         self.position = max(self.position, position)
 
-    async def begin(self, position: int | None, *, stateful: bool) -> int:
+    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         if position is not None:
             self.position = position
         return self.position
@@ -86,7 +86,9 @@ class MemoryBroker:
         self.topics: dict[str, list[list[Message]]] = {}
         self._tasks: dict[tuple[str, int], tuple[PartitionTask, _MemoryPort]] = {}
         self._stores: dict[tuple[str, int], MemoryStore] = {}
-        self._config = TaskConfig(redeliver_pause_s=0.0, batch_budget_s=batch_budget_s)
+        self._config = TaskConfig(
+            redeliver_pause_s=0.0, batch_budget_s=batch_budget_s, policy_pauses=False
+        )
         for plan in app.topic_plan():
             if plan.role != "changelog":
                 self.topics[plan.name] = [[] for _ in range(plan.partitions)]

@@ -1,0 +1,147 @@
+"""Catch-up then live on a real SQLite event store, with appends racing the handover.
+
+The feed (one reader per worker) must never hand a stored chunk to a partition that has
+gone live, and the handover must leave ``caught_up`` in the checkpoint; a changelog
+records every batch so that two batches in flight at once would show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from streamapp import Event, FromEventStore, Table, TableView
+from streamapp.agent import Agent, TopicSpec
+from streamapp.catchup import StoreFeed
+from streamapp.engine.delivery import Delivery
+from streamapp.engine.phase import Phase
+from streamapp.engine.task import PartitionTask, TaskConfig
+from streamapp.eventstore import Append, open_store
+from streamapp.kafka import codec
+from streamapp.tables.partition import BatchChanges, PartitionTables, spaces_for
+from streamapp.tables.store import MemoryStore
+
+TABLE: Table[int] = Table("t")
+
+
+class RecordingChangelog:
+    """A changelog kept in memory that notices overlapping writes."""
+
+    def __init__(self) -> None:
+        self.batches: list[BatchChanges] = []
+        self.in_flight = 0
+        self.overlaps = 0
+
+    async def open(self, tables: PartitionTables) -> int:
+        return 0
+
+    async def write(self, batch: BatchChanges) -> int:
+        self.in_flight += 1
+        self.overlaps += self.in_flight > 1
+        await asyncio.sleep(0.002)
+        self.in_flight -= 1
+        self.batches.append(batch)
+        return len(self.batches)
+
+    async def reset(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class LivePort:
+    """A live source with nothing to deliver yet: it records where it was started."""
+
+    def __init__(self) -> None:
+        self.begun: list[int | None] = []
+
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+    def rewind(self, position: int) -> None:
+        pass
+
+    async def settle(self, position: int) -> None:
+        pass
+
+    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
+        self.begun.append(position)
+        return position or 0
+
+
+async def test_appends_racing_the_handover_never_reach_a_live_partition(tmp_path: Path) -> None:
+    applied: list[tuple[str, Phase]] = []
+    task_ref: list[PartitionTask] = []
+
+    async def handler(event: Event, view: TableView[int]) -> None:
+        applied.append((event.id, task_ref[0].phase))
+        sid = event.stream_id
+        assert sid is not None
+        view[sid] = view.get(sid, 0) + 1
+        await asyncio.sleep(0)  # an await inside the handler, as real ones have
+
+    agent = Agent("a", handler, TopicSpec("topic", 1), (TABLE,), history=FromEventStore())
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    store = await open_store(url)
+    await store.append_many([Append(f"s{i % 7}", [_ev(f"h{i}", f"s{i % 7}")]) for i in range(300)])
+    feed = StoreFeed(store, chunk=50, poll_s=0.01)
+    memory = MemoryStore(spaces_for([TABLE]))
+    changelog, port = RecordingChangelog(), LivePort()
+
+    async def park(delivery: Delivery, reason: str) -> bool:
+        return False
+
+    task = PartitionTask(
+        agent,
+        0,
+        port,
+        name="topic[0]",
+        config=TaskConfig(redeliver_pause_s=0.0),
+        decode=lambda d: codec.decode(d.key, d.value, d.headers),
+        park=park,
+        open_store=lambda spaces: memory,
+        changelog=changelog,
+        history=feed,
+    )
+    task_ref.append(task)
+    feed.start()
+    task.start()
+    appended = 300
+    for _ in range(400):  # appends race the catch-up and the handover (bounded)
+        if task.phase is Phase.LIVE:
+            break
+        await store.append_many([Append("late", [_ev(f"late{appended}", "late")])])
+        appended += 1
+        await asyncio.sleep(0.001)
+    for _ in range(20):  # the feed keeps reading meanwhile: it must not feed a live task
+        await store.append_many([Append("late", [_ev(f"late{appended}", "late")])])
+        appended += 1
+        await asyncio.sleep(0.005)
+    try:
+        assert task.phase is Phase.LIVE
+        assert not [eid for eid, phase in applied if phase is not Phase.CATCHING_UP]
+        assert changelog.overlaps == 0
+        tables = task.tables
+        assert tables is not None
+        cp = tables.checkpoint
+        assert cp.caught_up
+        assert changelog.batches[-1].checkpoint.caught_up  # the marker is in the changelog
+        replayed = cp.history
+        assert replayed is not None
+        assert len(applied) == replayed - 1  # each stored event below the position, once
+        assert len({eid for eid, _ in applied}) == len(applied)
+        counted = sum(v for _, v in tables.views[0].items())
+        assert counted == replayed - 1
+        assert port.begun == [None]  # no forwarder marks: from the topic's beginning
+    finally:
+        await task.close()
+        await feed.stop()
+        await store.close()
+
+
+def _ev(eid: str, stream_id: str) -> Event:
+    return Event.create("x", stream_id=stream_id, id=eid)
