@@ -40,7 +40,7 @@ STATUSES = ("placed", "paid", "shipped", "cancelled")
 
 
 def make_app() -> App:
-    app = App(f"bench-replay-{time.time_ns()}")
+    app = App("bench-replay")  # a fresh data dir each round: nothing carries over
     topic = app.topic("bench-orders", partitions=PARTITIONS)
     app.agent(topic, tables=[order_status], history=FromEventStore(), name="project")(
         project_order_status.handler
