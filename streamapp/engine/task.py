@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -330,16 +329,23 @@ class PartitionTask:
         return ok
 
     async def _apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
-        result = await self._run(deliveries, decode_stored, math.inf)
-        done = next_position
-        if result.settled < len(deliveries):
-            done = deliveries[result.settled].position
-        tables = self.tables
-        if tables is not None:
-            await self._commit(tables.checkpoint.advanced(history=done), None)
-        self.history_next = done
-        self.replayed += result.settled
-        return result.settled == len(deliveries)
+        """Commits in parts of at most ``batch_budget_s`` each, as live batches do: a slow
+        handler never holds a whole store chunk (up to 10,000 events) uncommitted."""
+        budget = self.config.batch_budget_s
+        while True:
+            result = await self._run(deliveries, decode_stored, budget)
+            cut = result.settled < len(deliveries)
+            done = deliveries[result.settled].position if cut else next_position
+            tables = self.tables
+            if tables is not None:
+                await self._commit(tables.checkpoint.advanced(history=done), None)
+            self.history_next = done
+            self.replayed += result.settled
+            if not cut:
+                return True
+            if result.failure is not None or self._closing.is_set():
+                return False
+            deliveries = deliveries[result.settled :]  # out of budget: commit, go on
 
     # the commit order --------------------------------------------------------------
     async def _commit(self, checkpoint: Checkpoint, settle_at: int | None) -> None:
