@@ -8,6 +8,7 @@ join the same way). Outcomes and settling follow DESIGN.md, "Outcomes and settli
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -554,6 +555,29 @@ class TestEventStore(AgentContract):
         await self.handler_error_is_parked(h, a2_version=3)
         a = key_on(0, 2)
         await self.refused(h, ev(a, "a-v2-again", version=2), ConcurrencyError, "actual version 4")
+
+    # 6, the pause -----------------------------------------------------------------------
+    @pytest.mark.xfail(
+        strict=True,
+        reason="engine bug: the store feed retries a failed event after its own poll "
+        "interval (redeliver_pause_s = poll_timeout_ms), not the policy's "
+        "Redeliver(pause_s); a fix needs a per-partition retry time in StoreFeed",
+    )
+    async def test_redeliver_waits_the_policy_pause_between_attempts(self, h: AgentHarness) -> None:
+        """Store-only, for now: Redeliver(pause_s=0.6) retries no sooner than 0.6 s."""
+        attempts: list[float] = []
+
+        async def fail(event: Event, view: TableView[Any]) -> None:
+            attempts.append(time.monotonic())
+            if len(attempts) <= 2:
+                raise ConnectionError("transient")
+
+        await h.start(log_app(h, on_failure=Redeliver(pause_s=0.6), fail=fail))
+        await h.send(ev(key_on(0, 2), "flaky"))
+        assert await h.settle()
+        gaps = [b - a for a, b in itertools.pairwise(attempts)]
+        assert len(gaps) == 2
+        assert min(gaps) >= 0.6 * 0.9, gaps
 
     # 9 ----------------------------------------------------------------------------------
     async def test_agent_without_tables_sees_every_event(self, h: AgentHarness) -> None:
