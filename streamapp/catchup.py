@@ -32,6 +32,7 @@ from .engine.pace import Pace, pause
 from .engine.phase import Phase
 from .engine.task import PartitionTask
 from .eventstore.base import EventStoreBackend, StoredEvent
+from .outcomes import Redeliver
 from .partitioner import partition_for
 
 log = logging.getLogger("streamapp.catchup")
@@ -56,6 +57,8 @@ class StoreFeed:
         """The store's head as last seen."""
         self._waiting: dict[PartitionTask, asyncio.Future[None]] = {}
         self._following: set[PartitionTask] = set()
+        self._retry_at: dict[PartitionTask, float] = {}
+        """Tasks whose replayed event failed under Redeliver, and when to try again."""
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
@@ -146,9 +149,10 @@ class StoreFeed:
                 for task in members:
                     if task not in failed and task.history_position() >= end:
                         self._caught_up(task)
-            if failed:  # an event failed under Redeliver: pace the retries
-                await pause(self._stop, self.redeliver_pause_s)
-            elif at_head and not rows:
+            now = time.monotonic()
+            for task in failed:  # an event failed under Redeliver: that partition waits
+                self._retry_at[task] = now + self._redeliver_pause(task)
+            if at_head and (not rows or failed):
                 await pause(self._stop, self.poll_s)
         _discard(prefetch)
 
@@ -156,9 +160,24 @@ class StoreFeed:
         self.reads += 1
         return await self.store.read_all(start, self.chunk)
 
+    def _redeliver_pause(self, task: PartitionTask) -> float:
+        policy = task.agent.on_failure
+        if isinstance(policy, Redeliver) and policy.pause_s is not None:
+            return policy.pause_s
+        return self.redeliver_pause_s
+
     def _members(self) -> list[PartitionTask]:
-        waiting = [t for t in self._waiting if t.phase is Phase.CATCHING_UP]
-        following = [t for t in self._following if t.phase is Phase.LIVE]
+        """The tasks to feed now: catching up or following, and not waiting to retry."""
+        now = time.monotonic()
+        for task, due in list(self._retry_at.items()):
+            if due <= now or task.phase in (Phase.CLOSED, Phase.LOST):
+                del self._retry_at[task]
+        waiting = [
+            t for t in self._waiting if t.phase is Phase.CATCHING_UP and t not in self._retry_at
+        ]
+        following = [
+            t for t in self._following if t.phase is Phase.LIVE and t not in self._retry_at
+        ]
         self._following.difference_update(
             [t for t in self._following if t.phase in (Phase.CLOSED, Phase.LOST)]
         )

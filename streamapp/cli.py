@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib
 import signal
 import sys
@@ -11,13 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+import orjson
 
 from . import logs
 from .app import App, TopicPlan
 from .errors import StreamappError
 
 if TYPE_CHECKING:
-    from .eventstore import EventStoreBackend
+    from .eventstore import EventStoreBackend, ParkedRecord
 
 T = TypeVar("T")
 
@@ -181,6 +183,60 @@ def store_read(app_ref: str, from_position: int, limit: int) -> None:
     rows = _with_store(app_ref, lambda es: es.read_all(from_position, limit))
     for row in rows:
         click.echo(b'{"position":%d,"event":%s}' % (row.position, row.payload))
+
+
+@store.command("parked")
+@app_option
+@click.option(
+    "--destination",
+    "destinations",
+    multiple=True,
+    help="Parking destination to read (repeatable; default: every Park destination of the app).",
+)
+def store_parked(app_ref: str, destinations: tuple[str, ...]) -> None:
+    """Print the deliveries a store-only worker parked, as JSON lines in park order.
+
+    Each line: id, destination, parked_at, reason, source (topic/partition/store
+    position), key, value and headers. A bytes field is text when it is UTF-8, else it
+    is given as ``<field>_base64``.
+    """
+    app = load_app(app_ref)
+    wanted = list(destinations) or [p.name for p in app.topic_plan() if p.role == "parking"]
+    if not wanted:
+        raise click.UsageError(
+            f"app {app_ref} has no agent with on_failure=Park(...): name one with --destination"
+        )
+
+    async def read(es: EventStoreBackend) -> list[ParkedRecord]:
+        records = [record for name in dict.fromkeys(wanted) for record in await es.parked(name)]
+        return sorted(records, key=lambda r: r.id)
+
+    for record in _with_store(app_ref, read):
+        click.echo(orjson.dumps(_parked_json(record)))
+
+
+def _parked_json(record: ParkedRecord) -> dict[str, Any]:
+    """One parked record as JSON: bytes as text when UTF-8, else base64."""
+    body: dict[str, Any] = {
+        "id": record.id,
+        "destination": record.destination,
+        "parked_at": record.parked_at.isoformat(),
+        "reason": record.reason,
+        "source": (record.header("streamapp-source") or b"").decode(errors="replace"),
+    }
+    body.update(_bytes_field("key", record.key))
+    body.update(_bytes_field("value", record.value))
+    body["headers"] = [{"name": n, **_bytes_field("value", v)} for n, v in record.headers]
+    return body
+
+
+def _bytes_field(name: str, raw: bytes | None) -> dict[str, Any]:
+    if raw is None:
+        return {name: None}
+    try:
+        return {name: raw.decode()}
+    except UnicodeDecodeError:
+        return {f"{name}_base64": base64.b64encode(raw).decode()}
 
 
 @main.command()

@@ -355,20 +355,27 @@ class PartitionTask:
         return ok
 
     async def _apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+        """Commits in parts of at most ``batch_budget_s`` each, as live batches do: a slow
+        handler never holds a whole store chunk (up to 10,000 events) uncommitted."""
         if not deliveries:  # nothing of this partition: advance without a commit
             self.history_next = max(self.history_next, next_position)
             return True
-        result = await self._run(deliveries, decode_stored, self.config.batch_budget_s)
-        done = next_position
-        if result.settled < len(deliveries):
-            done = deliveries[result.settled].position
-        tables = self.tables
-        if tables is not None and result.settled:
-            await self._commit(tables.checkpoint.advanced(history=done), None)
-        if result.settled:
-            self.history_next = done
-        self.replayed += result.settled
-        return result.failure is None  # a batch cut by the budget made progress
+        budget = self.config.batch_budget_s
+        while True:
+            result = await self._run(deliveries, decode_stored, budget)
+            cut = result.settled < len(deliveries)
+            done = deliveries[result.settled].position if cut else next_position
+            tables = self.tables
+            if result.settled or not cut:
+                if tables is not None:
+                    await self._commit(tables.checkpoint.advanced(history=done), None)
+                self.history_next = done
+            self.replayed += result.settled
+            if not cut:
+                return True
+            if result.failure is not None or self._closing.is_set():
+                return False
+            deliveries = deliveries[result.settled :]  # out of budget: commit, go on
 
     # the commit order --------------------------------------------------------------
     async def _commit(self, checkpoint: Checkpoint, settle_at: int | None) -> None:

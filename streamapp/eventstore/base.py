@@ -8,12 +8,16 @@ concurrency); :func:`plan_append` holds that rule once for every backend.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
+
+import orjson
 
 from ..errors import ConcurrencyError, ConfigError, InvalidEventError
 from ..events import Event
@@ -66,6 +70,41 @@ class BatchResult:
 
     results: list[AppendResult]
     error: ConcurrencyError | InvalidEventError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedRecord:
+    """A delivery parked in the store (``streamapp_parked``): the copy the broker would
+    have received, with the park reason in its headers (``streamapp-park-reason``)."""
+
+    id: int
+    """Park order, increasing across destinations."""
+    destination: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    parked_at: datetime
+    """When the park was committed (UTC)."""
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name`` (None when absent)."""
+        found = [v for n, v in self.headers if n == name]
+        return found[-1] if found else None
+
+    @property
+    def reason(self) -> str:
+        """Why it was parked (empty when the header is missing)."""
+        return (self.header("streamapp-park-reason") or b"").decode(errors="replace")
+
+
+def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
+    """Headers as JSON text (values base64): bytes round-trip exactly, order kept."""
+    return orjson.dumps([[n, base64.b64encode(v).decode()] for n, v in headers]).decode()
+
+
+def decode_headers(raw: str | bytes) -> list[tuple[str, bytes]]:
+    """The headers of :func:`encode_headers`."""
+    return [(n, base64.b64decode(v)) for n, v in orjson.loads(raw)]
 
 
 class EventStore(Protocol):
@@ -135,6 +174,22 @@ class EventStoreBackend(EventStore, Protocol):
     def worker_lock(self, app_id: str) -> AbstractAsyncContextManager[None]:
         """Held by a store-only worker for its life; raises ConfigError naming the holder
         when another worker of ``app_id`` holds it."""
+        ...
+
+    async def park(
+        self,
+        destination: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        """Keep a parked delivery in ``streamapp_parked``: the parking destination of a
+        store-only worker (no broker to park to). Returns once the row is committed."""
+        ...
+
+    async def parked(self, destination: str) -> list[ParkedRecord]:
+        """Every record parked to ``destination``, in park order."""
         ...
 
 

@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC
 from typing import Any
 
 from ..errors import ConfigError
@@ -35,7 +36,10 @@ from .base import (
     Append,
     AppendResult,
     BatchResult,
+    ParkedRecord,
     StoredEvent,
+    decode_headers,
+    encode_headers,
     plan_batch,
     results_of,
     worker_locked,
@@ -69,6 +73,15 @@ SCHEMA = [
         kafka_offset BIGINT NOT NULL,
         position BIGINT NOT NULL,
         PRIMARY KEY (topic, kafka_partition, kafka_offset, name))""",
+    """CREATE TABLE IF NOT EXISTS streamapp_parked (
+        id BIGSERIAL PRIMARY KEY,
+        destination TEXT NOT NULL,
+        key BYTEA,
+        value BYTEA,
+        headers TEXT NOT NULL,
+        parked_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    """CREATE INDEX IF NOT EXISTS streamapp_parked_destination
+        ON streamapp_parked (destination, id)""",
 ]
 # Advisory lock keys (int4, int4): the schema's hash and one of these.
 SCHEMA_KEY, APPEND_KEY, FORWARDER_KEY, WORKER_KEY = 7401, 7402, 7403, 7404
@@ -201,6 +214,41 @@ class PostgresEventStore:
             yield
         finally:
             await conn.close()  # ends the session: releases the lock
+
+    async def park(
+        self,
+        destination: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        async with self._lock:  # autocommit: the INSERT is committed when it returns
+            await self._conn.execute(
+                "INSERT INTO streamapp_parked (destination, key, value, headers) "
+                "VALUES (%s, %s, %s, %s)",
+                (destination, key, value, encode_headers(headers)),
+            )
+
+    async def parked(self, destination: str) -> list[ParkedRecord]:
+        async with self._lock:
+            cur = await self._conn.execute(
+                "SELECT id, destination, key, value, headers, parked_at FROM streamapp_parked "
+                "WHERE destination = %s ORDER BY id",
+                (destination,),
+            )
+            rows = await cur.fetchall()
+        return [
+            ParkedRecord(
+                i,
+                d,
+                None if k is None else bytes(k),
+                None if v is None else bytes(v),
+                decode_headers(h),
+                at.astimezone(UTC),
+            )
+            for i, d, k, v, h, at in rows
+        ]
 
     def forwarder_state(self, name: str) -> PostgresForwarderState:
         """The lock (a session advisory lock) and checkpoint of forwarder ``name``."""

@@ -6,6 +6,11 @@ the store (catch-up), then keeps following it through the worker's one
 the tables within about a poll interval. State lives in the local RocksDB stores only:
 a lost store is rebuilt by replaying the store from position 1. A second worker for the
 same app and store is refused (a lock held for the worker's life).
+
+Parking (``on_failure=Park(destination)``) has no broker to publish to: a parked copy is
+a row of ``streamapp_parked`` in the store's own database (:class:`StoreParking`), read
+back with ``streamapp store parked``. The position in its ``streamapp-source`` header is
+the event's global store position.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..app import App
@@ -24,6 +30,7 @@ from ..engine.task import PartitionTask, TaskConfig, decode_stored
 from ..events import Event
 from ..settings import Settings
 from ..tables.store import RocksStore, Store
+from .base import EventStoreBackend
 
 log = logging.getLogger("streamapp.eventstore")
 
@@ -56,6 +63,24 @@ class _StorePort:
         return task.history_position()
 
 
+class StoreParking:
+    """The store as the engine's parking Publisher: a park is a committed row of
+    ``streamapp_parked`` (the destination is the policy's, as a Kafka topic would be)."""
+
+    def __init__(self, store: EventStoreBackend) -> None:
+        self.store = store
+
+    async def publish(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        await self.store.park(topic, value, key=key, headers=headers)
+
+
 def _decode(delivery: Delivery) -> Event:
     return decode_stored(delivery)
 
@@ -74,6 +99,7 @@ class StoreSource:
         self.assignment = Assignment(app)
         self._lock = lock
         self._locked = False
+        self._parking = StoreParking(feed.store)
         self._config = TaskConfig(
             max_batch_records=settings.max_batch_records,
             batch_budget_s=settings.batch_budget_ms / 1000,
@@ -109,7 +135,7 @@ class StoreSource:
             name=name,
             config=self._config,
             decode=_decode,
-            park=parker(None, agent, name),
+            park=parker(self._parking, agent, name),
             open_store=open_store,
             history=self.feed,
         )

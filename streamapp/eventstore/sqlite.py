@@ -22,6 +22,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +34,10 @@ from .base import (
     Append,
     AppendResult,
     BatchResult,
+    ParkedRecord,
     StoredEvent,
+    decode_headers,
+    encode_headers,
     parse_url,
     plan_batch,
     results_of,
@@ -64,6 +68,15 @@ CREATE TABLE IF NOT EXISTS streamapp_forwarder_marks (
     position INTEGER NOT NULL,
     PRIMARY KEY (topic, kafka_partition, kafka_offset, name)
 );
+CREATE TABLE IF NOT EXISTS streamapp_parked (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    destination TEXT NOT NULL,
+    key BLOB,
+    value BLOB,
+    headers TEXT NOT NULL,
+    parked_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS streamapp_parked_destination ON streamapp_parked (destination, id);
 """
 _VERSIONS_CHUNK = 500  # stream ids per IN (...) query, well below SQLite's variable limit
 _new = object.__new__
@@ -161,6 +174,46 @@ class SqliteEventStore:
             yield
         finally:
             os.close(fd)
+
+    async def park(
+        self,
+        destination: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        row = (destination, key, value, encode_headers(headers), time.time())
+
+        def park() -> None:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    "INSERT INTO streamapp_parked (destination, key, value, headers, parked_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    row,
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+        await self._run(park)
+
+    async def parked(self, destination: str) -> list[ParkedRecord]:
+        def read() -> list[ParkedRecord]:
+            rows = self._conn.execute(
+                "SELECT id, destination, key, value, headers, parked_at FROM streamapp_parked "
+                "WHERE destination = ? ORDER BY id",
+                (destination,),
+            ).fetchall()
+            return [
+                ParkedRecord(i, d, k, v, decode_headers(h), datetime.fromtimestamp(at, UTC))
+                for i, d, k, v, h, at in rows
+            ]
+
+        return await self._run(read)
 
     def forwarder_state(self, name: str) -> SqliteForwarderState:
         """The lock (a file lock next to the store) and checkpoint of forwarder ``name``."""

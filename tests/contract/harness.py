@@ -9,11 +9,15 @@ unsettled records). Nothing in a contract test knows which transport runs it.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
+
+import aiohttp
 
 from streamapp import App, Event
 from streamapp.agent import Agent
@@ -99,6 +103,23 @@ class AgentHarness(ABC):
         """Send any record, CloudEvent or not, to the source topic (in send order per key)."""
 
     @abstractmethod
+    async def position_of(self, i: int) -> int:
+        """The position the transport gave the ``i``-th record sent (0-based, ``send`` and
+        ``send_raw`` alike, counting only records the transport took): the position its
+        parked copy names in ``streamapp-source``. A broker's offset in the record's
+        partition; the event store's global position."""
+
+    @abstractmethod
+    async def value_of(self, i: int) -> bytes | None:
+        """The value the transport holds for the ``i``-th record sent (as
+        :meth:`position_of` counts): the bytes its parked copy must carry unchanged."""
+
+    def parked_event(self, parked: Parked) -> Event:
+        """The CloudEvent of a parked copy, decoded as this transport's records are (a
+        broker: binary mode, ``ce_`` headers)."""
+        return codec.decode(parked.key, parked.value, list(parked.headers.items()))
+
+    @abstractmethod
     async def settle(self, within_s: float = 30.0) -> bool:
         """Run until every record sent is settled at the source, or ``within_s`` passed;
         True when everything sent is settled."""
@@ -115,3 +136,20 @@ class AgentHarness(ABC):
     @abstractmethod
     async def parked(self, topic: str) -> list[Parked]:
         """Every record in parking destination ``topic``, partition by partition, in order."""
+
+
+async def read_view(http: aiohttp.ClientSession, port: int | None, name: str, key: str) -> Any:
+    """The committed value of ``key`` in table ``name`` over a worker's HTTP view (None:
+    absent); waits (bounded) while the view answers 503 (restoring, rebalancing)."""
+    url = f"http://127.0.0.1:{port}/tables/{name}/{quote(key, safe='')}"
+    for _ in range(50):
+        async with http.get(url) as r:
+            if r.status == 200:
+                return await r.json()
+            if r.status == 404:
+                body = await r.json()
+                assert "not found" in body["error"], body
+                return None
+            assert r.status == 503, (r.status, await r.text())
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"table {name!r} key {key!r}: still 503 after 5s")

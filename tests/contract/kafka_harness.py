@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -23,7 +22,7 @@ from streamapp import App
 from streamapp.kafka.topics import create_topics
 from streamapp.worker import Worker
 
-from .harness import AgentHarness, Parked
+from .harness import AgentHarness, Parked, read_view
 
 FAST = {
     "poll_timeout_ms": 100,
@@ -50,6 +49,7 @@ class KafkaHarness(AgentHarness):
         self._probe: AIOKafkaConsumer | None = None
         self._http: aiohttp.ClientSession | None = None
         self._sent: list[asyncio.Future[Any]] = []
+        self._all_sent: list[tuple[asyncio.Future[Any], bytes | None]] = []
         self._tps: dict[str, list[TopicPartition]] = {}
 
     def new_app(self, **settings: Any) -> App:
@@ -104,9 +104,15 @@ class KafkaHarness(AgentHarness):
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         assert self._producer is not None, "start the app first"
-        self._sent.append(
-            await self._producer.send(self.topic, value, key=key, headers=list(headers))
-        )
+        sent = await self._producer.send(self.topic, value, key=key, headers=list(headers))
+        self._sent.append(sent)
+        self._all_sent.append((sent, value))
+
+    async def position_of(self, i: int) -> int:
+        return int((await self._all_sent[i][0]).offset)
+
+    async def value_of(self, i: int) -> bytes | None:
+        return self._all_sent[i][1]
 
     async def settle(self, within_s: float = 30.0) -> bool:
         sent, self._sent = self._sent, []
@@ -146,18 +152,7 @@ class KafkaHarness(AgentHarness):
     async def table(self, name: str, key: str) -> Any:
         assert self._http is not None, "start the app first"
         assert self.worker is not None
-        url = f"http://127.0.0.1:{self.worker.web_port}/tables/{name}/{quote(key, safe='')}"
-        for _ in range(50):  # bounded: 503 while the partition restores or rebalances
-            async with self._http.get(url) as r:
-                if r.status == 200:
-                    return await r.json()
-                if r.status == 404:
-                    body = await r.json()
-                    assert "not found" in body["error"], body
-                    return None
-                assert r.status == 503, (r.status, await r.text())
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"table {name!r} key {key!r}: still 503 after 5s")
+        return await read_view(self._http, self.worker.web_port, name, key)
 
     async def parked(self, topic: str) -> list[Parked]:
         tps = await self._partitions(topic)

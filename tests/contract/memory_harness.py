@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamapp import App
+from streamapp.engine.delivery import Message
 from streamapp.memory import MemoryBroker
 
 from .harness import AgentHarness, Parked
@@ -21,6 +22,7 @@ class MemoryHarness(AgentHarness):
         super().__init__()
         self._broker: MemoryBroker | None = None
         self._batch_budget_s = 60.0
+        self._sent: list[Message] = []
 
     def new_app(self, **settings: Any) -> App:
         budget_ms = settings.pop("batch_budget_ms", None)
@@ -50,7 +52,14 @@ class MemoryHarness(AgentHarness):
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
-        self.broker.send_raw(self.topic, value, key=key, headers=headers)
+        record = self.broker.send_raw(self.topic, value, key=key, headers=headers)
+        self._sent.append(record)
+
+    async def position_of(self, i: int) -> int:
+        return self._sent[i].position
+
+    async def value_of(self, i: int) -> bytes | None:
+        return self._sent[i].value
 
     async def settle(self, within_s: float = 30.0) -> bool:
         await self.broker.process()  # bounded by max_attempts per partition

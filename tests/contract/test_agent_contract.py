@@ -8,20 +8,24 @@ join the same way). Outcomes and settling follow DESIGN.md, "Outcomes and settli
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import PgUrlFactory
 
 from streamapp import App, Event, Park, Redeliver, Table, TableView
+from streamapp.errors import ConcurrencyError, DecodeError, InvalidEventError
 from streamapp.kafka import codec
 from streamapp.partitioner import partition_for
 
 from .harness import AgentHarness
 from .kafka_harness import KafkaHarness
 from .memory_harness import MemoryHarness
+from .store_harness import StoreHarness
 
 Fail = Callable[[Event, TableView[Any]], Awaitable[None]]
 AGENT = "logger"
@@ -183,7 +187,9 @@ class AgentContract:
         assert "not a CloudEvent" in parked[0].reason
         assert "not valid JSON" in parked[1].reason
         assert "no stream id" in parked[2].reason
-        assert [r.source for r in parked] == [f"{h.topic}/{p}/{i}" for i in (1, 2, 3)]
+        assert [r.source for r in parked] == [
+            f"{h.topic}/{p}/{await h.position_of(i)}" for i in (1, 2, 3)
+        ]
         assert all(r.headers["streamapp-agent"] == AGENT.encode() for r in parked)
         assert parked[0].headers["x-trace"] == b"\xff"  # the original headers travel along
         assert parked[2].headers["ce_id"] == good[0].id.encode()
@@ -192,6 +198,11 @@ class AgentContract:
     async def test_handler_error_is_parked_its_writes_rolled_back_and_the_partition_goes_on(
         self, h: AgentHarness
     ) -> None:
+        await self.handler_error_is_parked(h, a2_version=2)
+
+    async def handler_error_is_parked(self, h: AgentHarness, *, a2_version: int) -> None:
+        """``a2_version``: 2 (the parked event's version, which must not be recorded) where
+        the transport lets a stream version repeat."""
         a, b = key_on(0, 2), key_on(1, 2)
 
         async def fail(event: Event, view: TableView[Any]) -> None:
@@ -202,8 +213,8 @@ class AgentContract:
         sent = [
             ev(a, "a1", version=1),
             ev(a, "a-boom", version=2, type="boom"),
-            ev(a, "a2", version=2),  # the failed event's version was not recorded either
-            ev(a, "a3", version=3),
+            ev(a, "a2", version=a2_version),  # the failed event's version was not recorded
+            ev(a, "a3", version=a2_version + 1),
             ev(b, "b-boom", type="boom"),
             ev(b, "b1"),
         ]
@@ -216,14 +227,16 @@ class AgentContract:
         assert h.calls["a-boom"] == h.calls["b-boom"] == 1  # parked, not retried
 
         parked = await h.parked(h.name("in.parked"))
-        by_id = {r.headers["ce_id"].decode(): r for r in parked}
+        by_id = {h.parked_event(r).id: r for r in parked}
         assert sorted(by_id) == ["a-boom", "b-boom"]
         assert len(parked) == 2
         assert by_id["a-boom"].reason == "RuntimeError: boom a-boom"
         assert by_id["b-boom"].reason == "RuntimeError: boom b-boom"
-        assert by_id["a-boom"].source == f"{h.topic}/{partition_for(a.encode(), 2)}/1"
-        assert by_id["b-boom"].source == f"{h.topic}/{partition_for(b.encode(), 2)}/0"
-        assert by_id["a-boom"].value == codec.encode(sent[1])[1]
+        a_at, b_at = await h.position_of(1), await h.position_of(4)
+        assert by_id["a-boom"].source == f"{h.topic}/{partition_for(a.encode(), 2)}/{a_at}"
+        assert by_id["b-boom"].source == f"{h.topic}/{partition_for(b.encode(), 2)}/{b_at}"
+        assert by_id["a-boom"].value == await h.value_of(1)
+        assert h.parked_event(by_id["a-boom"]).data == {"name": "a-boom"}
         assert by_id["a-boom"].key == a.encode()
 
     # 6. Redeliver ---------------------------------------------------------------------------
@@ -282,12 +295,12 @@ class AgentContract:
         assert await h.table("log", foreign) is None
         assert h.calls["cross-1"] == 1
         (parked,) = await h.parked(h.name("in.parked"))
-        assert parked.headers["ce_id"] == b"cross-1"
+        assert h.parked_event(parked).id == "cross-1"
         assert parked.reason.startswith(
             f"ForeignKeyError: table 'log': key {foreign!r} belongs to partition 1, "
             "but this event is handled in partition 0."
         )
-        assert parked.source == f"{h.topic}/0/1"
+        assert parked.source == f"{h.topic}/0/{await h.position_of(1)}"
 
     # 8. Batch budget ----------------------------------------------------------------------
     async def test_batch_budget_commits_a_slow_batch_in_parts_exactly(
@@ -339,6 +352,11 @@ class AgentContract:
 
     # 9. No tables ------------------------------------------------------------------------------
     async def test_agent_without_tables_sees_every_event(self, h: AgentHarness) -> None:
+        await self.stateless_sees_every_event(h, a_version=1)
+
+    async def stateless_sees_every_event(self, h: AgentHarness, *, a_version: int | None) -> None:
+        """``a_version``: the version every event of stream ``a`` carries (1: repeated,
+        which an agent without tables must not guard against)."""
         app = h.new_app()
         topic = app.topic(h.name("in"), partitions=2)
         seen: dict[str, list[str]] = {}
@@ -354,7 +372,7 @@ class AgentContract:
         a, b = key_on(0, 2), key_on(1, 2)
         expected = {a: [f"a{i}" for i in range(15)], b: [f"b{i}" for i in range(15)]}
         for i in range(15):
-            await h.send(ev(a, f"a{i}", version=1))  # no table: no version guard
+            await h.send(ev(a, f"a{i}", version=a_version))  # no table: no version guard
             await h.send(ev(b, f"b{i}"))
         assert await h.settle()
         assert await h.unsettled() == 0
@@ -389,3 +407,191 @@ class TestKafka(AgentContract):
             yield harness
         finally:
             await harness.stop()
+
+
+class TestEventStore(AgentContract):
+    """The event store as the only source (STREAMAPP_BROKER=none), on SQLite.
+
+    Where the store refuses what a broker test sends (records that are not CloudEvents,
+    a stream version that repeats or skips), the test is overridden here by one that
+    asserts the store's rule instead: the append is refused with its error and nothing
+    is appended, and what was appended applies exactly once. Nothing is skipped.
+    """
+
+    @pytest.fixture
+    async def h(self, tmp_path: Path) -> AsyncIterator[AgentHarness]:
+        harness = StoreHarness(f"sqlite:///{tmp_path}/events.db", tmp_path / "data")
+        try:
+            yield harness
+        finally:
+            await harness.stop()
+
+    @staticmethod
+    async def refused(h: AgentHarness, event: Event, error: type[Exception], match: str) -> None:
+        """``event`` is refused by the store with ``error`` and nothing is appended."""
+        assert isinstance(h, StoreHarness)
+        head = await h.store.head()
+        with pytest.raises(error, match=match):
+            await h.send(event)
+        assert await h.store.head() == head
+
+    # 3 ----------------------------------------------------------------------------------
+    async def test_stream_version_not_above_applied_is_skipped_and_settled(
+        self, h: AgentHarness
+    ) -> None:
+        """Overridden: the store never holds a repeated or older stream version, so the
+        agent's guard is not what stops one here. The store's rule is asserted instead:
+        a ``streamversion`` that is not the stream's next one (a duplicate, an older one,
+        a gap, a first event at version 5) is refused with ConcurrencyError naming the
+        stream and both versions, nothing is appended; every appended event applies
+        exactly once, in order, events without a version getting the next one."""
+        assert isinstance(h, StoreHarness)
+        a, b = key_on(0, 2), key_on(1, 2)
+        await h.start(log_app(h))
+        await h.send(ev(a, "a-v1", version=1))
+        await h.send(ev(a, "a-v2", version=2))
+        await self.refused(
+            h,
+            ev(a, "a-v2-dup", version=2),
+            ConcurrencyError,
+            "expected version 1, actual version 2",
+        )
+        await self.refused(
+            h, ev(b, "b-v5", version=5), ConcurrencyError, "expected version 4, actual version 0"
+        )
+        await h.send(ev(b, "b-v1", version=1))
+        assert await h.settle()
+        await self.refused(h, ev(a, "a-v2-again", version=2), ConcurrencyError, "actual version 2")
+        await self.refused(h, ev(a, "a-v1-older", version=1), ConcurrencyError, "actual version 2")
+        await h.send(ev(a, "a-v3", version=3))
+        await h.send(ev(a, "a-none-1"))
+        await h.send(ev(a, "a-none-2"))
+        await self.refused(
+            h, ev(b, "b-v4", version=4), ConcurrencyError, "expected version 3, actual version 1"
+        )
+        await h.send(ev(b, "b-v2", version=2))
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", a) == logged("a-v1", "a-v2", "a-v3", "a-none-1", "a-none-2")
+        assert await h.table("log", b) == logged("b-v1", "b-v2")
+        assert [r.version for r in await h.store.read_stream(a)] == [1, 2, 3, 4, 5]
+        assert dict(h.calls) == dict.fromkeys(
+            ("a-v1", "a-v2", "b-v1", "a-v3", "a-none-1", "a-none-2", "b-v2"), 1
+        )
+
+    # 4 ----------------------------------------------------------------------------------
+    async def test_not_deliverable_is_parked_with_reason_and_the_partition_goes_on(
+        self, h: AgentHarness
+    ) -> None:
+        """Overridden: the store takes CloudEvents with a stream id only, so the broker
+        test's raw records never become deliveries. Asserted instead: each is refused at
+        the append with the reason a broker's decoder parks it for, nothing is appended
+        and nothing parked; the good events around them apply exactly once. A stored row
+        that does not decode can only be written around the store:
+        :meth:`test_a_stored_row_that_does_not_decode_is_parked` parks it."""
+        assert isinstance(h, StoreHarness)
+        await h.start(log_app(h, on_failure=Park(h.name("in.parked"))))
+        oid = "order-bad"
+        good = [ev(oid, f"good-{i}") for i in range(3)]
+        _, _, good_headers = codec.encode(good[0])
+        no_stream_id = [(n, v) for n, v in good_headers if n != "ce_streamid"]
+        raw = [
+            (
+                b"plain text, not a CloudEvent",
+                [("x-trace", b"\xff")],
+                DecodeError,
+                "not a CloudEvent",
+            ),
+            (b"{not json", good_headers, DecodeError, "not valid JSON"),
+            (b"{}", no_stream_id, InvalidEventError, "no stream id"),
+        ]
+        await h.send(good[0])
+        for value, headers, error, why in raw:
+            head = await h.store.head()
+            with pytest.raises(error, match=why):
+                await h.send_raw(value, key=oid.encode(), headers=headers)
+            assert await h.store.head() == head
+        await h.send(good[1])
+        await h.send(good[2])
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", oid) == logged("good-0", "good-1", "good-2")
+        assert dict(h.calls) == {"good-0": 1, "good-1": 1, "good-2": 1}
+        assert [e.stream_version for e in (r.event() for r in await h.store.read_stream(oid))] == [
+            1,
+            2,
+            3,
+        ]
+        assert await h.parked(h.name("in.parked")) == []
+
+    async def test_a_stored_row_that_does_not_decode_is_parked(self, h: AgentHarness) -> None:
+        """Store-only: a row written around the store's checks (another tool, a damaged
+        file) is NOT_DELIVERABLE; under Park it goes to ``streamapp_parked`` with its
+        reason and global store position, and its partition goes on."""
+        assert isinstance(h, StoreHarness)
+        await h.start(log_app(h, on_failure=Park(h.name("in.parked"))))
+        oid = "order-bad"
+        p = partition_for(oid.encode(), 2)
+        await h.send(ev(oid, "good-0"))
+        await h.write_around_store(oid, b"{not json")
+        await h.send(ev(oid, "good-2"))
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", oid) == logged("good-0", "good-2")
+        (parked,) = await h.parked(h.name("in.parked"))
+        assert parked.value == b"{not json"
+        assert parked.key == oid.encode()
+        assert "not valid JSON" in parked.reason
+        assert parked.source == f"{h.topic}/{p}/{await h.position_of(1)}"
+        assert parked.headers["streamapp-agent"] == AGENT.encode()
+
+    # 5 ----------------------------------------------------------------------------------
+    async def test_handler_error_is_parked_its_writes_rolled_back_and_the_partition_goes_on(
+        self, h: AgentHarness
+    ) -> None:
+        """Overridden in one point: the parked event keeps its stream version in the
+        store, so the next event of its stream is version 3 (the store refuses a second
+        version 2: asserted); the rest is the contract's test."""
+        await self.handler_error_is_parked(h, a2_version=3)
+        a = key_on(0, 2)
+        await self.refused(h, ev(a, "a-v2-again", version=2), ConcurrencyError, "actual version 4")
+
+    # 6, the pause -----------------------------------------------------------------------
+    async def test_redeliver_waits_the_policy_pause_between_attempts(self, h: AgentHarness) -> None:
+        """Store-only, for now: Redeliver(pause_s=0.6) retries no sooner than 0.6 s."""
+        attempts: list[float] = []
+
+        async def fail(event: Event, view: TableView[Any]) -> None:
+            attempts.append(time.monotonic())
+            if len(attempts) <= 2:
+                raise ConnectionError("transient")
+
+        await h.start(log_app(h, on_failure=Redeliver(pause_s=0.6), fail=fail))
+        await h.send(ev(key_on(0, 2), "flaky"))
+        assert await h.settle()
+        gaps = [b - a for a, b in itertools.pairwise(attempts)]
+        assert len(gaps) == 2
+        assert min(gaps) >= 0.6 * 0.9, gaps
+
+    # 9 ----------------------------------------------------------------------------------
+    async def test_agent_without_tables_sees_every_event(self, h: AgentHarness) -> None:
+        """Overridden in one point: the store refuses a repeated ``streamversion``
+        (asserted), so stream ``a`` is sent without versions; the rest is the contract's
+        test."""
+        await self.stateless_sees_every_event(h, a_version=None)
+        a = key_on(0, 2)
+        await self.refused(h, ev(a, "a-again", version=1), ConcurrencyError, "actual version 15")
+
+
+@pytest.mark.integration
+class TestEventStorePostgres(TestEventStore):
+    """The same, on a PostgreSQL store (a schema of its own per test)."""
+
+    @pytest.fixture
+    async def h(self, pg_url_factory: PgUrlFactory, tmp_path: Path) -> AsyncIterator[AgentHarness]:
+        async with pg_url_factory() as url:
+            harness = StoreHarness(url, tmp_path / "data")
+            try:
+                yield harness
+            finally:
+                await harness.stop()

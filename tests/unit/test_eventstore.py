@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -152,6 +153,52 @@ class EventStoreContract:
         assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
         assert all(isinstance(o, ConcurrencyError) for o in outcomes if isinstance(o, Exception))
         assert len(await store.read_stream("race")) == 1
+
+    async def test_parked_records_round_trip_exactly_in_park_order(
+        self, store: EventStoreBackend
+    ) -> None:
+        """Bytes that are not UTF-8 (and NUL, and empty) come back as they went in; a
+        destination reads only its own records, in park order; parking is no event."""
+        headers = [
+            ("ce_id", b"e-1"),
+            ("x-bin", b"\xff\x00\xfe"),
+            ("x-bin", b""),  # repeated names and empty values are kept, in order
+            ("streamapp-park-reason", "caf\u00e9: boom".encode()),
+        ]
+        before = datetime.now(UTC) - timedelta(seconds=1)
+        await store.park("p.one", b"\x00\xffraw\n", key=b"\xfek", headers=headers)
+        await store.park("p.two", b"other")
+        await store.park("p.one", None)  # a tombstone-like record: no key, value, headers
+        await store.park("p.one", b"")
+        after = datetime.now(UTC) + timedelta(seconds=1)
+
+        one = await store.parked("p.one")
+        assert [(r.destination, r.key, r.value, r.headers) for r in one] == [
+            ("p.one", b"\xfek", b"\x00\xffraw\n", headers),
+            ("p.one", None, None, []),
+            ("p.one", None, b"", []),
+        ]
+        assert one[0].reason == "caf\u00e9: boom"
+        assert one[0].header("x-bin") == b""  # the last of a repeated name
+        assert one[1].reason == ""
+        assert [r.id for r in one] == sorted(r.id for r in one)
+        assert all(before <= r.parked_at <= after for r in one)
+        assert all(r.parked_at.utcoffset() == timedelta(0) for r in one)
+        (two,) = await store.parked("p.two")
+        assert (two.value, one[0].id < two.id < one[1].id) == (b"other", True)
+        assert await store.parked("p.none") == []
+        assert await store.head() == 0  # parked copies are not events
+
+    async def test_a_park_is_committed_when_it_returns(self, store: EventStoreBackend) -> None:
+        """Another connection (another process) sees a park as soon as park() returned."""
+        other = await open_store(store.url)
+        try:
+            assert await other.parked("p") == []  # the schema exists for a second opener
+            await store.park("p", b"v", key=b"k", headers=[("h", b"\x80")])
+            (seen,) = await other.parked("p")
+            assert (seen.key, seen.value, seen.headers) == (b"k", b"v", [("h", b"\x80")])
+        finally:
+            await other.close()
 
 
 class TestSqliteEventStore(EventStoreContract):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
 
@@ -127,3 +128,45 @@ def test_bad_store_url_names_the_setting() -> None:
     result = run({"STREAMAPP_EVENT_STORE": "sqlite://nope"}, "head")
     assert result.exit_code != 0
     assert "STREAMAPP_EVENT_STORE" in result.output
+
+
+def test_parked_prints_json_lines_in_park_order(env: dict[str, str]) -> None:
+    """``store parked`` prints what a store-only worker parked: text when UTF-8, else
+    base64, so the bytes can be recovered exactly; the app's Park destination by default."""
+    import asyncio
+
+    from agents.orders import PARKING
+    from streamapp.eventstore import open_store
+
+    async def park() -> None:
+        es = await open_store(env["STREAMAPP_EVENT_STORE"])
+        try:
+            reason = [("streamapp-park-reason", b"RuntimeError: boom")]
+            source = [("streamapp-source", b"orders/3/17")]
+            await es.park(PARKING, b'{"id":"e1"}', key=b"o1", headers=reason + source)
+            await es.park("elsewhere", b"x")
+            await es.park(PARKING, b"\xff\x00", headers=[("x-bin", b"\xfe")])
+        finally:
+            await es.close()
+
+    asyncio.run(park())
+    result = run(env, "parked")
+    assert result.exit_code == 0, result.output
+    first, second = (orjson.loads(x) for x in result.stdout.splitlines())
+    assert first["destination"] == PARKING
+    assert (first["reason"], first["source"]) == ("RuntimeError: boom", "orders/3/17")
+    assert (first["key"], first["value"]) == ("o1", '{"id":"e1"}')
+    assert first["headers"][0] == {"name": "streamapp-park-reason", "value": "RuntimeError: boom"}
+    assert first["id"] < second["id"]
+    assert first["parked_at"].endswith("+00:00")
+    assert second["key"] is None
+    assert base64.b64decode(second["value_base64"]) == b"\xff\x00"
+    assert second["headers"] == [
+        {"name": "x-bin", "value_base64": base64.b64encode(b"\xfe").decode()}
+    ]
+
+    other = run(env, "parked", "--destination", "elsewhere")
+    assert other.exit_code == 0, other.output
+    assert [orjson.loads(x)["value"] for x in other.stdout.splitlines()] == ["x"]
+    none = run(env, "parked", "--destination", "nothing-here")
+    assert (none.exit_code, none.stdout) == (0, "")
