@@ -25,6 +25,7 @@ from ..agent import Agent, BatchResult, run_batch
 from ..errors import ConfigError, FencedError, StoreFormatError
 from ..events import Event
 from ..outcomes import Outcome
+from ..settings import Settings
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import PartitionTables, spaces_for
 from ..tables.store import Store
@@ -61,6 +62,15 @@ class TaskConfig:
     close_budget_s: float = 30.0
     policy_pauses: bool = True
     """Honour ``Redeliver(pause_s=...)``; the memory broker retries at once instead."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TaskConfig:
+        return cls(
+            max_batch_records=settings.max_batch_records,
+            batch_budget_s=settings.batch_budget_ms / 1000,
+            redeliver_pause_s=settings.poll_timeout_ms / 1000,
+            close_budget_s=settings.rebalance_timeout_ms / 2000,
+        )
 
 
 class PartitionTask:

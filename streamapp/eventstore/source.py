@@ -19,17 +19,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..app import App
 from ..catchup import StoreFeed
 from ..engine.assignment import Assignment
-from ..engine.delivery import Delivery
 from ..engine.parking import parker
 from ..engine.task import PartitionTask, TaskConfig, decode_stored
-from ..events import Event
 from ..settings import Settings
-from ..tables.store import RocksStore, Store
+from ..tables.store import rocks_opener
 from .base import EventStoreBackend
 
 log = logging.getLogger("streamapp.eventstore")
@@ -81,10 +78,6 @@ class StoreParking:
         await self.store.park(topic, value, key=key, headers=headers)
 
 
-def _decode(delivery: Delivery) -> Event:
-    return decode_stored(delivery)
-
-
 class StoreSource:
     """Every partition of every agent, fed from the event store."""
 
@@ -100,12 +93,7 @@ class StoreSource:
         self._lock = lock
         self._locked = False
         self._parking = StoreParking(feed.store)
-        self._config = TaskConfig(
-            max_batch_records=settings.max_batch_records,
-            batch_budget_s=settings.batch_budget_ms / 1000,
-            redeliver_pause_s=settings.poll_timeout_ms / 1000,
-            close_budget_s=settings.rebalance_timeout_ms / 2000,
-        )
+        self._config = TaskConfig.from_settings(settings)
 
     async def start(self) -> None:
         await self._lock.__aenter__()  # raises when another worker holds it
@@ -121,12 +109,6 @@ class StoreSource:
         agent = self.app.agents[agent_name]
         settings = self.settings
         name = f"{agent.topic.name}[{p}]"
-        path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
-        timeout = settings.store_open_timeout_s
-
-        def open_store(spaces: list[str]) -> Store:
-            return RocksStore(path, spaces, open_timeout_s=timeout)
-
         port = _StorePort(self.feed)
         task = PartitionTask(
             agent,
@@ -134,9 +116,9 @@ class StoreSource:
             port,
             name=name,
             config=self._config,
-            decode=_decode,
+            decode=decode_stored,
             park=parker(self._parking, agent, name),
-            open_store=open_store,
+            open_store=rocks_opener(settings, self.app.id, agent.name, p),
             history=self.feed,
         )
         port.task = task

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -27,7 +26,7 @@ from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
 from ..errors import SourceError
 from ..events import Event
 from ..settings import Settings
-from ..tables.store import RocksStore, Store
+from ..tables.store import rocks_opener
 from . import codec
 from .changelog import KafkaChangelog
 from .port import KafkaPartitionPort
@@ -40,15 +39,6 @@ log = logging.getLogger("streamapp.kafka")
 
 def decode(delivery: Delivery) -> Event:
     return codec.decode(delivery.key, delivery.value, delivery.headers)
-
-
-def task_config(settings: Settings) -> TaskConfig:
-    return TaskConfig(
-        max_batch_records=settings.max_batch_records,
-        batch_budget_s=settings.batch_budget_ms / 1000,
-        redeliver_pause_s=settings.poll_timeout_ms / 1000,
-        close_budget_s=settings.rebalance_timeout_ms / 2000,
-    )
 
 
 class KafkaSource:
@@ -66,7 +56,7 @@ class KafkaSource:
         self.history = history
         self.assignment = Assignment(app)
         self._agents = {a.topic.name: a for a in app.agents.values()}
-        self._config = task_config(settings)
+        self._config = TaskConfig.from_settings(settings)
         self._retention: dict[str, int] = {}
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.kafka_bootstrap,
@@ -153,12 +143,6 @@ class KafkaSource:
     def _task(self, agent: Agent, tp: TopicPartition) -> PartitionTask:
         settings, p = self.settings, tp.partition
         name = f"{tp.topic}[{p}]"
-        path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
-        timeout = settings.store_open_timeout_s
-
-        def open_store(spaces: list[str]) -> Store:
-            return RocksStore(path, spaces, open_timeout_s=timeout)
-
         changelog = None
         topic = self.app.changelog_topic(agent)
         if topic is not None:
@@ -179,7 +163,7 @@ class KafkaSource:
             config=self._config,
             decode=decode,
             park=parker(self.sink, agent, name),
-            open_store=open_store,
+            open_store=rocks_opener(settings, self.app.id, agent.name, p),
             changelog=changelog,
             history=self.history,
         )

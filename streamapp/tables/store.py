@@ -8,11 +8,12 @@ never pickle) and :class:`MemoryStore` for users' unit tests.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import StoreClosedError, StoreFormatError, StoreLockedError
+from ..settings import Settings
 
 Changes = Mapping[str, Mapping[bytes, bytes | None]]
 """space -> key -> value; ``None`` deletes the key."""
@@ -179,3 +180,16 @@ class RocksStore:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+
+def rocks_opener(
+    settings: Settings, app_id: str, agent: str, partition: int
+) -> Callable[[list[str]], Store]:
+    """Opens one agent partition's RocksStore under ``data_dir`` (blocking: in a thread)."""
+    path = Path(settings.data_dir) / app_id / agent / str(partition)
+    timeout = settings.store_open_timeout_s
+
+    def open_store(spaces: list[str]) -> Store:
+        return RocksStore(path, spaces, open_timeout_s=timeout)
+
+    return open_store
