@@ -79,8 +79,7 @@ CREATE TABLE IF NOT EXISTS streamapp_parked (
 CREATE INDEX IF NOT EXISTS streamapp_parked_destination ON streamapp_parked (destination, id);
 """
 _VERSIONS_CHUNK = 500  # stream ids per IN (...) query, well below SQLite's variable limit
-_new = object.__new__
-_SETTERS = tuple(StoredEvent.__dict__[f].__set__ for f in StoredEvent.__dataclass_fields__)
+_make = StoredEvent._make
 
 
 class SqliteEventStore:
@@ -130,7 +129,7 @@ class SqliteEventStore:
                 "WHERE stream_id = ? ORDER BY version",
                 (stream_id,),
             ).fetchall()
-            return [_stored(*row) for row in rows]
+            return list(map(_make, rows))
 
         return await self._run(read)
 
@@ -229,7 +228,7 @@ class SqliteEventStore:
             "WHERE position >= ? ORDER BY position LIMIT ?",
             (from_position, limit),
         ).fetchall()
-        return [_stored(p, s, v, b) for p, s, v, b in rows]
+        return list(map(_make, rows))
 
     def _append_many(self, appends: Sequence[Append]) -> BatchResult:
         conn = self._conn
@@ -323,17 +322,6 @@ class SqliteForwarderState:
                 raise
 
         await self.store._run(save)
-
-
-def _stored(position: int, stream_id: str, version: int, payload: bytes) -> StoredEvent:
-    """``StoredEvent(...)`` without the frozen-dataclass ``__init__`` (read_all's hot path)."""
-    event: StoredEvent = _new(StoredEvent)
-    s_pos, s_sid, s_ver, s_pay = _SETTERS
-    s_pos(event, position)
-    s_sid(event, stream_id)
-    s_ver(event, version)
-    s_pay(event, payload)
-    return event
 
 
 def _connect(path: Path, busy_timeout_s: float, url: str) -> sqlite3.Connection:
