@@ -85,6 +85,8 @@ class RabbitPartitionPort:
         self._tasks: set[asyncio.Task[None]] = set()
         self.redelivered = 0
         """Deliveries that came with the broker's redelivered flag."""
+        self.acked = 0
+        """Deliveries acked (the ack frame written on a live channel)."""
 
     # PartitionPort -----------------------------------------------------------------
     def pause(self) -> None:
@@ -115,14 +117,17 @@ class RabbitPartitionPort:
         """Ack every delivery below ``position`` (one ack, ``multiple=True``)."""
         last: AbstractIncomingMessage | None = None
         entries = self._entries
+        count = 0
         while entries and entries[0].delivery.position < position:
             message = entries.popleft().message
             if message.channel is self._life:
                 last = message
+                count += 1
         if last is None:
             return
         try:
             await last.ack(multiple=True)
+            self.acked += count
         except Exception as exc:  # the channel died meanwhile: the broker redelivers
             log.info("%s: ack below position %d skipped (%r)", self.name, position, exc)
 
@@ -198,7 +203,7 @@ class RabbitPartitionPort:
         if self._held:  # still holding: requeued together, in order
             self._held.append(message)
         else:
-            self._spawn(_nack([message], self.name))
+            self._spawn(_nack(message, self.name, multiple=False))
 
     def _requeue(self) -> None:
         self._requeue_timer = None
@@ -208,7 +213,12 @@ class RabbitPartitionPort:
             self._awaiting = None
             return
         self._last_requeue = self._awaiting_since = time.monotonic()
-        self._spawn(_nack(held, self.name))
+        # One frame for all: nacks one by one would race the ack (multiple=True) of
+        # the first one, which comes back at once (an unknown tag closes the channel).
+        # Below the last held tag nothing else is unacked: the task settled up to the
+        # rewind position before rewinding.
+        last = max(held, key=lambda m: m.delivery_tag or 0)
+        self._spawn(_nack(last, self.name, multiple=True))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -231,13 +241,11 @@ class RabbitPartitionPort:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def _nack(messages: list[AbstractIncomingMessage], name: str) -> None:
-    for message in messages:
-        try:
-            await message.nack(requeue=True)
-        except Exception as exc:  # the channel died: the broker requeues it anyway
-            log.info("%s: requeue skipped (%r)", name, exc)
-            return
+async def _nack(message: AbstractIncomingMessage, name: str, *, multiple: bool) -> None:
+    try:
+        await message.nack(requeue=True, multiple=multiple)
+    except Exception as exc:  # the channel died: the broker requeues it anyway
+        log.info("%s: requeue skipped (%r)", name, exc)
 
 
 def _fingerprint(message: AbstractIncomingMessage) -> bytes:

@@ -18,10 +18,12 @@ import pytest
 from streamapp import App, Event, Park, Redeliver, Table, TableView
 from streamapp.kafka import codec
 from streamapp.partitioner import partition_for
+from tests.conftest import Services
 
 from .harness import AgentHarness
 from .kafka_harness import KafkaHarness
 from .memory_harness import MemoryHarness
+from .rabbit_harness import RabbitHarness
 
 Fail = Callable[[Event, TableView[Any]], Awaitable[None]]
 AGENT = "logger"
@@ -385,6 +387,17 @@ class TestKafka(AgentContract):
     @pytest.fixture
     async def h(self, kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[AgentHarness]:
         harness = KafkaHarness(kafka_bootstrap, tmp_path / "data")
+        try:
+            yield harness
+        finally:
+            await harness.stop()
+
+
+@pytest.mark.integration
+class TestRabbitMQ(AgentContract):
+    @pytest.fixture
+    async def h(self, services: Services, tmp_path: Path) -> AsyncIterator[AgentHarness]:
+        harness = RabbitHarness(services.amqp, tmp_path)
         try:
             yield harness
         finally:
