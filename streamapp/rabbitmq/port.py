@@ -42,6 +42,8 @@ AWAIT_LIMIT_S = 30.0
 class _Entry(NamedTuple):
     delivery: Message
     message: AbstractIncomingMessage
+    life: object
+    """The client channel it came on (its tag means nothing on another)."""
 
 
 class RabbitPartitionPort:
@@ -74,7 +76,7 @@ class RabbitPartitionPort:
         self._handed = 0
         """Deliveries below this position were handed to the task."""
         self._paused = True
-        self._held: list[AbstractIncomingMessage] = []
+        self._held: list[tuple[AbstractIncomingMessage, object]] = []
         """Rewound deliveries waiting for their requeue."""
         self._awaiting: bytes | None = None
         self._awaiting_since = 0.0
@@ -106,10 +108,10 @@ class RabbitPartitionPort:
     def rewind(self, position: int) -> None:
         """Hold the deliveries at and after ``position``; they are requeued on resume."""
         kept = [e for e in self._entries if e.delivery.position < position]
-        rewound = [e.message for e in self._entries if e.delivery.position >= position]
+        rewound = [(e.message, e.life) for e in self._entries if e.delivery.position >= position]
         self._entries = deque(kept)
         if rewound and self._awaiting is None:
-            self._awaiting = _fingerprint(rewound[0])
+            self._awaiting = _fingerprint(rewound[0][0])
         self._held += rewound
         self._next = self._handed = position
 
@@ -119,9 +121,9 @@ class RabbitPartitionPort:
         entries = self._entries
         count = 0
         while entries and entries[0].delivery.position < position:
-            message = entries.popleft().message
-            if message.channel is self._life:
-                last = message
+            entry = entries.popleft()
+            if entry.life is self._life:
+                last = entry.message
                 count += 1
         if last is None:
             return
@@ -157,14 +159,17 @@ class RabbitPartitionPort:
     # the consumer --------------------------------------------------------------------
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         """Called in delivery order (one task each, started in order): no await here."""
-        if message.channel is not self._life:
-            self._new_life(message.channel)
+        life = _life_of(message)
+        if life is None:  # its channel closed already: the broker redelivers it
+            return
+        if life is not self._life:
+            self._new_life(life)
         if message.redelivered:
             self.redelivered += 1
         if self._awaiting is not None:
             if self._held or _fingerprint(message) != self._awaiting:
                 if time.monotonic() - self._awaiting_since < AWAIT_LIMIT_S or self._held:
-                    self._requeue_soon(message)
+                    self._requeue_soon(message, life)
                     return
                 log.warning(
                     "%s: a requeued delivery did not come back within %.0fs; going on",
@@ -176,7 +181,7 @@ class RabbitPartitionPort:
         position = self._next
         self._next += 1
         delivery = Message(self.topic, self.partition, position, key, value, headers)
-        self._entries.append(_Entry(delivery, message))
+        self._entries.append(_Entry(delivery, message, life))
         self._hand()
 
     def _new_life(self, channel: object) -> None:
@@ -195,21 +200,24 @@ class RabbitPartitionPort:
     def _hand(self) -> None:
         if self._paused or not self._entries:
             return
+        if getattr(self._life, "is_closed", False):  # they come again on the new channel
+            self._entries = deque(e for e in self._entries if e.delivery.position < self._handed)
+            return
         pending = [e.delivery for e in self._entries if e.delivery.position >= self._handed]
         if pending and self._feed(pending):
             self._handed = pending[-1].position + 1
 
-    def _requeue_soon(self, message: AbstractIncomingMessage) -> None:
+    def _requeue_soon(self, message: AbstractIncomingMessage, life: object) -> None:
         if self._held:  # still holding: requeued together, in order
-            self._held.append(message)
+            self._held.append((message, life))
         else:
             self._spawn(_nack(message, self.name, multiple=False))
 
     def _requeue(self) -> None:
         self._requeue_timer = None
-        held, self._held = self._held, []
-        held = [m for m in held if m.channel is self._life]
-        if not held:
+        live = [m for m, life in self._held if life is self._life]
+        self._held = []
+        if not live:
             self._awaiting = None
             return
         self._last_requeue = self._awaiting_since = time.monotonic()
@@ -217,7 +225,7 @@ class RabbitPartitionPort:
         # the first one, which comes back at once (an unknown tag closes the channel).
         # Below the last held tag nothing else is unacked: the task settled up to the
         # rewind position before rewinding.
-        last = max(held, key=lambda m: m.delivery_tag or 0)
+        last = max(live, key=lambda m: m.delivery_tag or 0)
         self._spawn(_nack(last, self.name, multiple=True))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -246,6 +254,14 @@ async def _nack(message: AbstractIncomingMessage, name: str, *, multiple: bool) 
         await message.nack(requeue=True, multiple=multiple)
     except Exception as exc:  # the channel died: the broker requeues it anyway
         log.info("%s: requeue skipped (%r)", name, exc)
+
+
+def _life_of(message: AbstractIncomingMessage) -> object | None:
+    """The client channel of ``message``; None once it is closed."""
+    try:
+        return message.channel
+    except Exception:  # aio-pika raises when the channel is closed
+        return None
 
 
 def _fingerprint(message: AbstractIncomingMessage) -> bytes:

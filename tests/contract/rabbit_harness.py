@@ -120,6 +120,13 @@ class RabbitHarness(AgentHarness):
         assert isinstance(source, RabbitSource)
         return self._sent - sum(port.acked for port in source.ports.values())
 
+    def redelivered(self) -> int:
+        """Deliveries the worker received with the broker's redelivered flag."""
+        assert self.worker is not None, "start the app first"
+        source = self.worker.source
+        assert isinstance(source, RabbitSource)
+        return sum(port.redelivered for port in source.ports.values())
+
     async def table(self, name: str, key: str) -> Any:
         assert self._http is not None, "start the app first"
         assert self.worker is not None

@@ -284,3 +284,121 @@ async def _append_slowly(store: str, events: list[Event]) -> None:
     for i in range(0, len(events), 500):
         await append_to_store(store, events[i : i + 500])
         await asyncio.sleep(0.2)
+
+
+# --- refusal and reconnection ------------------------------------------------------------
+
+
+async def test_tables_without_history_or_local_state_are_refused_loudly(
+    amqp: str, tmp_path: Path
+) -> None:
+    from streamapp import ConfigError, Table, TableView
+    from streamapp.worker import Worker
+
+    ns = f"rn{uuid.uuid4().hex[:6]}-"
+    app = App(f"{ns}app", broker="rabbitmq", amqp_url=amqp, data_dir=tmp_path, web_port=0)
+    seen: Table[int] = Table("seen")
+
+    @app.agent(app.topic(f"{ns}in", partitions=1), tables=[seen])
+    async def count(event: Event, view: TableView[int]) -> None:
+        pass
+
+    settings = app.settings()
+    await create_topology(app, settings)
+    worker = Worker(app, settings)
+    await worker.start()
+    try:
+        assert worker.source is not None
+        with pytest.raises(ConfigError, match=r"declare history=FromEventStore\(\)"):
+            await asyncio.wait_for(worker.source.wait(), 20)
+    finally:
+        await worker.stop()
+
+
+class Proxy:
+    """A TCP proxy in front of RabbitMQ whose connections a test can cut."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self.pairs.append((writer, up_writer))
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                w.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        """Drop every connection at once, as a network failure would."""
+        for a, b in self.pairs:
+            a.transport.abort()
+            b.transport.abort()
+        self.pairs.clear()
+
+    async def stop(self) -> None:
+        self.cut()
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_reconnect_redelivers_in_flight_deliveries_and_state_applies_once(
+    amqp: str, tmp_path: Path
+) -> None:
+    from urllib.parse import urlsplit
+
+    from tests.contract.rabbit_harness import RabbitHarness
+    from tests.contract.test_agent_contract import ev, log_app, logged
+
+    parts = urlsplit(amqp)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5672)
+    port = await proxy.start()
+    h = RabbitHarness(f"amqp://guest:guest@127.0.0.1:{port}/", tmp_path)
+
+    async def slow(event: Event, view: object) -> None:
+        await asyncio.sleep(0.01)
+
+    try:
+        await h.start(log_app(h, partitions=2, fail=slow))
+        keys = ("a", "b", "c")
+        names = {k: [f"{k}{v}" for v in range(1, 61)] for k in keys}
+        for v in range(60):
+            for k in keys:
+                await h.send(ev(k, names[k][v], version=v + 1))
+        async with asyncio.timeout(30):
+            while sum(h.calls.values()) < 30:  # noqa: ASYNC110 (polling a counter)
+                await asyncio.sleep(0.01)
+        proxy.cut()  # deliveries in hand and in flight die with the channel
+        deadline = time.monotonic() + 60
+        while True:
+            tables = {k: await h.table("log", k) for k in keys}
+            if all(t and t["n"] == 60 for t in tables.values()):
+                break
+            assert time.monotonic() < deadline, tables
+            await asyncio.sleep(0.2)
+        assert tables == {k: logged(*names[k]) for k in keys}  # once each, in order
+        async with asyncio.timeout(30):  # the robust client reconnects (after ~5 s)
+            while h.redelivered() == 0:  # noqa: ASYNC110 (polling a counter)
+                await asyncio.sleep(0.1)
+        assert await h.settle(30)  # the redelivered ones are acked on the new channel
+        assert {k: await h.table("log", k) for k in keys} == tables  # and applied once
+        await h.stop()
+        assert sum([await depth(amqp, f"{h.topic}.{p}") for p in range(2)]) == 0
+    finally:
+        await h.stop()
+        await proxy.stop()
