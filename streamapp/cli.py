@@ -16,10 +16,13 @@ import orjson
 
 from . import logs
 from .app import App, TopicPlan
-from .errors import StreamappError
+from .errors import ConfigError, StreamappError
 
 if TYPE_CHECKING:
     from .eventstore import EventStoreBackend, ParkedRecord
+    from .forwarder import Encoder
+    from .settings import Settings
+    from .sink import Sink
 
 T = TypeVar("T")
 
@@ -97,16 +100,32 @@ def topics() -> None:
 @topics.command("create")
 @app_option
 def topics_create(app_ref: str) -> None:
-    """Create the app's source, changelog and parking topics that are missing."""
-    from .kafka.topics import create_topics
+    """Create the app's source, changelog and parking topics that are missing.
 
+    On the broker of setting broker (STREAMAPP_BROKER): Kafka topics; on RabbitMQ, per
+    topic a direct exchange and one queue per partition (no changelogs there).
+    """
     app = load_app(app_ref)
     try:
         settings = app.settings()
-        created = asyncio.run(create_topics(app, settings))
+        if settings.broker == "rabbitmq":
+            from .rabbitmq.topology import create_topology, plans
+
+            created = asyncio.run(create_topology(app, settings))
+            wanted = plans(app)
+        elif settings.broker == "kafka":
+            from .kafka.topics import create_topics
+
+            created = asyncio.run(create_topics(app, settings))
+            wanted = app.topic_plan()
+        else:
+            raise click.ClickException(
+                f"setting broker (STREAMAPP_BROKER) = {settings.broker!r} has no topics; "
+                "set it to kafka or rabbitmq"
+            )
     except StreamappError as exc:
         raise click.ClickException(str(exc)) from exc
-    for plan in app.topic_plan():
+    for plan in wanted:
         state = "created" if plan.name in created else "exists"
         click.echo(f"{_plan_row(plan)}\t{state}")
 
@@ -251,31 +270,29 @@ def forward(
     """Publish the event store's events, in order, to the app's topics (outbox relay).
 
     Every agent with history=FromEventStore() on this store gets every event, keyed by
-    stream id. The checkpoint advances only after Kafka confirmed: at-least-once. One
+    stream id, on the broker of setting broker (STREAMAPP_BROKER). The checkpoint
+    advances only after the broker confirmed: at-least-once. One
     forwarder of a store runs at a time; another waits and takes over when it dies.
     """
     from .eventstore import open_store
     from .forwarder import Forwarder, forwarded_topics
-    from .kafka import codec
-    from .kafka.sink import KafkaSink
 
     logs.configure(loglevel)
     app = load_app(app_ref)
     try:
         settings = app.settings()
         topics = forwarded_topics(app, settings)
+        make_sink, encode = _sink_of(app, settings)
 
         async def run() -> None:
             es = await open_store(settings.event_store)
             try:
                 forwarder = Forwarder(
                     es,
-                    lambda: KafkaSink(
-                        settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s
-                    ),
+                    make_sink,
                     topics,
                     name=name or app.id,
-                    encode=codec.encode,
+                    encode=encode,
                     chunk=chunk,
                     poll_interval_s=poll_interval or settings.poll_timeout_ms / 1000,
                 )
@@ -294,6 +311,28 @@ def forward(
         asyncio.run(run())
     except StreamappError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _sink_of(app: App, settings: Settings) -> tuple[Callable[[], Sink], Encoder]:
+    """The sink factory and wire encoder of setting broker (STREAMAPP_BROKER)."""
+    if settings.broker == "rabbitmq":
+        from .rabbitmq import codec as amqp_codec
+        from .rabbitmq.sink import RabbitSink
+        from .rabbitmq.topology import plans
+
+        partitions = {p.name: p.partitions for p in plans(app)}
+        return (lambda: RabbitSink(settings, partitions)), amqp_codec.encode
+    if settings.broker == "kafka":
+        from .kafka import codec
+        from .kafka.sink import KafkaSink
+
+        return (
+            lambda: KafkaSink(settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s)
+        ), codec.encode
+    raise ConfigError(
+        f"setting broker (STREAMAPP_BROKER) = {settings.broker!r}: the forwarder publishes "
+        "to a broker; set it to kafka or rabbitmq"
+    )
 
 
 def _with_store(app_ref: str, use: Callable[[EventStoreBackend], Awaitable[T]]) -> T:

@@ -20,9 +20,17 @@ class ConfigError(StreamappError):
 class MissingTopicError(StreamappError):
     """A topic the app needs does not exist on the broker."""
 
-    def __init__(self, topics: list[str], app_ref: str = "MODULE:app") -> None:
+    def __init__(
+        self, topics: list[str], app_ref: str = "MODULE:app", *, broker: str = "kafka"
+    ) -> None:
         self.topics = topics
         names = ", ".join(sorted(topics))
+        if broker == "rabbitmq":  # names are "exchange X" / "queue X.p"
+            super().__init__(
+                f"{names} missing on RabbitMQ; streamapp never auto-creates them. Create "
+                f"them with `STREAMAPP_BROKER=rabbitmq streamapp topics create -A {app_ref}`."
+            )
+            return
         super().__init__(
             f"topic(s) {names} do not exist on the broker; streamapp never auto-creates "
             f"them. Create them with `streamapp topics create -A {app_ref}`."

@@ -42,6 +42,13 @@ class Settings:
     broker: str = "kafka"
     """The live source: ``kafka``, ``rabbitmq`` or ``none`` (the event store alone)."""
     kafka_bootstrap: str = "127.0.0.1:9092"
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    """RabbitMQ (``STREAMAPP_BROKER=rabbitmq``): where the broker answers."""
+    amqp_prefetch: int = 500
+    """Unacknowledged deliveries a partition queue's consumer may hold (basic.qos)."""
+    amqp_partitions: str = ""
+    """RabbitMQ: the partitions this worker consumes, e.g. ``0,1,5`` (every source topic);
+    empty: all of them (one worker). Static until the membership protocol replaces it."""
     event_store: str = "sqlite:///streamapp-events.db"
     """``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``postgresql://...``."""
     data_dir: Path = Path("streamapp-data")
@@ -70,6 +77,16 @@ class Settings:
     def group_id(self) -> str:
         """The Kafka consumer group of every worker of this app."""
         return self.app_id
+
+    def owned_partitions(self) -> frozenset[int] | None:
+        """The partitions of setting ``amqp_partitions``; None: all of them."""
+        text = self.amqp_partitions.strip()
+        if not text or text == "all":
+            return None
+        owned = frozenset(int(p) for p in text.split(","))
+        if any(p < 0 for p in owned):
+            raise ValueError(text)
+        return owned
 
     @classmethod
     def from_env(cls, app_id: str, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -113,6 +130,14 @@ class Settings:
             raise bad("auto_offset_reset", "must be 'earliest' or 'latest'")
         if not self.kafka_bootstrap.strip():
             raise bad("kafka_bootstrap", "give host:port of a broker")
+        if not self.amqp_url.startswith(("amqp://", "amqps://")):
+            raise bad("amqp_url", "give amqp://user:password@host:port/vhost")
+        try:
+            self.owned_partitions()
+        except ValueError:
+            raise bad(
+                "amqp_partitions", "give partition numbers separated by commas, or nothing for all"
+            ) from None
         if not 0 <= self.web_port < 65536:
             raise bad("web_port", "must be a TCP port (0 picks a free one)")
         for name in (
@@ -124,6 +149,7 @@ class Settings:
             "heartbeat_interval_ms",
             "rebalance_timeout_ms",
             "replication_factor",
+            "amqp_prefetch",
             "publish_timeout_s",
             "shutdown_timeout_s",
             "store_open_timeout_s",

@@ -24,6 +24,7 @@ from .errors import ConfigError, ShutdownTimeoutError
 from .eventstore import open_store
 from .eventstore.base import EventStoreBackend
 from .settings import Settings
+from .sink import Sink
 from .web.views import make_app
 
 log = logging.getLogger("streamapp.worker")
@@ -39,6 +40,7 @@ class Worker:
         self.store: EventStoreBackend | None = None
         self.feed: StoreFeed | None = None
         self.source: LiveSource | None = None
+        self.sink: Sink | None = None
         self._web: web.AppRunner | None = None
         self._stop = asyncio.Event()
         for agent in app.agents.values():
@@ -50,11 +52,6 @@ class Worker:
                     f"(STREAMAPP_EVENT_STORE) = {settings.event_store!r}: set the setting to "
                     "that URL and drop url= from the agent"
                 )
-        if settings.broker not in ("kafka", "none"):
-            raise ConfigError(
-                f"setting broker (STREAMAPP_BROKER) = {settings.broker!r} is not available "
-                "in this version; use kafka or none"
-            )
 
     @property
     def needs_store(self) -> bool:
@@ -71,6 +68,14 @@ class Worker:
                 poll_s=settings.poll_timeout_ms / 1000,
                 redeliver_pause_s=settings.poll_timeout_ms / 1000,
             )
+        if settings.broker == "rabbitmq":
+            from .rabbitmq.sink import RabbitSink
+            from .rabbitmq.source import RabbitSource
+            from .rabbitmq.topology import plans
+
+            partitions = {p.name: p.partitions for p in plans(app)}
+            self.sink = RabbitSink(settings, partitions)
+            return RabbitSource(app, settings, self.sink, self.app_ref, history=self.feed)
         if settings.broker == "kafka":
             from .kafka.sink import KafkaSink
             from .kafka.source import KafkaSource
@@ -88,10 +93,13 @@ class Worker:
         try:
             self.source = await self._open_source()
             await self._serve()
-            if self.settings.broker == "kafka":
+            sink = self.sink
+            if self.settings.broker == "kafka" and sink is not None:
                 from .kafka.retry import with_startup_retry
 
-                await with_startup_retry(self.settings, "Kafka producer", self.sink.start)
+                await with_startup_retry(self.settings, "Kafka producer", sink.start)
+            elif sink is not None:
+                await sink.start()
             if self.feed is not None:
                 self.feed.start()
             await self.source.start()
@@ -151,7 +159,7 @@ class Worker:
         finally:
             if self.feed is not None:
                 await self.feed.stop()
-            if self.settings.broker == "kafka" and self.source is not None:
+            if self.sink is not None and self.source is not None:
                 await self.sink.stop()
             if self.store is not None:
                 await self.store.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PgUrlFactory
+from conftest import PgUrlFactory, Services
 
 from streamapp import App, Event, Park, Redeliver, Table, TableView
 from streamapp.errors import ConcurrencyError, DecodeError, InvalidEventError
@@ -25,6 +25,7 @@ from streamapp.partitioner import partition_for
 from .harness import AgentHarness
 from .kafka_harness import KafkaHarness
 from .memory_harness import MemoryHarness
+from .rabbit_harness import RabbitHarness
 from .store_harness import StoreHarness
 
 Fail = Callable[[Event, TableView[Any]], Awaitable[None]]
@@ -595,3 +596,34 @@ class TestEventStorePostgres(TestEventStore):
                 yield harness
             finally:
                 await harness.stop()
+
+
+@pytest.mark.integration
+class TestRabbitMQ(AgentContract):
+    @pytest.fixture
+    async def h(self, services: Services, tmp_path: Path) -> AsyncIterator[AgentHarness]:
+        harness = RabbitHarness(services.amqp, tmp_path)
+        try:
+            yield harness
+        finally:
+            await harness.stop()
+
+    async def test_redeliver_goes_back_to_the_broker_and_returns_flagged(
+        self, h: AgentHarness
+    ) -> None:
+        """RabbitMQ's Redeliver is a requeue at the broker (never a drop): the message
+        comes back with the redelivered flag, and the partition goes on in order."""
+        key = key_on(0, 1)
+
+        async def fail(event: Event, view: TableView[Any]) -> None:
+            if event.id == "flaky" and h.calls["flaky"] == 1:
+                raise ConnectionError("transient")
+
+        await h.start(log_app(h, partitions=1, on_failure=Redeliver(pause_s=0.2), fail=fail))
+        for name in ("a", "flaky", "b"):
+            await h.send(ev(key, name))
+        assert await h.settle()
+        assert await h.table("log", key) == logged("a", "flaky", "b")
+        assert h.calls == {"a": 1, "flaky": 2, "b": 1}
+        assert isinstance(h, RabbitHarness)
+        assert h.redelivered() >= 2  # flaky and b were requeued, and came back flagged

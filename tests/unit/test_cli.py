@@ -50,7 +50,9 @@ async def test_start_gives_up_after_the_retry_budget_and_names_the_setting() -> 
     async def agent(event: Event, t: TableView[int]) -> None: ...
 
     settings = app.settings(
-        kafka_bootstrap="127.0.0.1:1", startup_retry=Backoff(attempts=3, initial_s=0.01, max_s=0.02)
+        kafka_bootstrap="127.0.0.1:1",
+        startup_retry=Backoff(attempts=3, initial_s=0.01, max_s=0.02),
+        web_port=0,
     )
     started = time.monotonic()
     with pytest.raises(BrokerUnavailableError, match=r"kafka_bootstrap.*after 3 attempts"):

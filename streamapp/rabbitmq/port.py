@@ -1,0 +1,273 @@
+"""The partition port on RabbitMQ: one partition queue, its channel, its consumer.
+
+RabbitMQ has no offsets, so positions are a per-partition delivery sequence assigned
+here, continuing from the task's checkpoint (``begin``). Each partition queue has its own
+channel, so a delivery tag, and an ``ack(multiple=True)``, concern that partition alone.
+Deliveries are kept in arrival order until settled and handed to the task only while it
+accepts them (``pause``/``resume``); the prefetch bounds how many the broker sends ahead.
+
+- ``settle(p)``: ack, with ``multiple=True``, up to the last delivery below ``p``.
+- ``rewind(p)``: the deliveries at and after ``p`` are held, then requeued (``nack``
+  with requeue, never without) when the task resumes, at most once per requeue interval
+  (a requeued message comes straight back: PITFALLS.md). Until the first of them comes
+  back (matched by ``message_id``), later arrivals are requeued too, so order holds.
+- A reconnect (robust connection) gives the channel a new life: deliveries of the old
+  one are dropped here, the broker redelivers them (``redelivered=True``) and they get
+  new positions; a settle of an old delivery is skipped (its tag died with the channel),
+  and the stream-version guard applies each event once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any, NamedTuple
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+
+from ..engine.delivery import Message
+from ..errors import ConfigError, SourceError
+from .wire import from_message
+
+log = logging.getLogger("streamapp.partition")
+
+AWAIT_LIMIT_S = 30.0
+"""After a requeue, how long later arrivals wait for the first requeued message."""
+
+
+class _Entry(NamedTuple):
+    delivery: Message
+    message: AbstractIncomingMessage
+    life: object
+    """The client channel it came on (its tag means nothing on another)."""
+
+
+class RabbitPartitionPort:
+    """One owned partition queue, as the partition task drives it."""
+
+    def __init__(
+        self,
+        connection: AbstractRobustConnection,
+        topic: str,
+        partition: int,
+        queue: str,
+        *,
+        prefetch: int,
+        requeue_interval_s: float,
+        feed: Callable[[list[Message]], bool],
+        refused: Callable[[BaseException], None],
+    ) -> None:
+        self.topic, self.partition, self.queue = topic, partition, queue
+        self.name = f"{topic}[{partition}]"
+        self.prefetch, self.requeue_interval_s = prefetch, requeue_interval_s
+        self._connection = connection
+        self._feed = feed
+        """Hands deliveries to the task; False when it does not accept them now."""
+        self._refused = refused
+        self._channel: AbstractChannel | None = None
+        self._entries: deque[_Entry] = deque()
+        """Received, not settled, in position order."""
+        self._next = 0
+        """The position of the next delivery accepted."""
+        self._handed = 0
+        """Deliveries below this position were handed to the task."""
+        self._paused = True
+        self._held: list[tuple[AbstractIncomingMessage, object]] = []
+        """Rewound deliveries waiting for their requeue."""
+        self._awaiting: bytes | None = None
+        self._awaiting_since = 0.0
+        self._last_requeue = 0.0
+        self._life: object | None = None
+        """The channel (client side) the current deliveries came on."""
+        self._requeue_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.redelivered = 0
+        """Deliveries that came with the broker's redelivered flag."""
+        self.acked = 0
+        """Deliveries acked (the ack frame written on a live channel)."""
+
+    # PartitionPort -----------------------------------------------------------------
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        if self._held:
+            wait = self._last_requeue + self.requeue_interval_s - time.monotonic()
+            if wait > 0:
+                if self._requeue_timer is None:
+                    self._requeue_timer = asyncio.get_running_loop().call_later(wait, self._requeue)
+            else:
+                self._requeue()
+        self._hand()
+
+    def rewind(self, position: int) -> None:
+        """Hold the deliveries at and after ``position``; they are requeued on resume."""
+        kept = [e for e in self._entries if e.delivery.position < position]
+        rewound = [(e.message, e.life) for e in self._entries if e.delivery.position >= position]
+        self._entries = deque(kept)
+        if rewound and self._awaiting is None:
+            self._awaiting = _fingerprint(rewound[0][0])
+        self._held += rewound
+        self._next = self._handed = position
+
+    async def settle(self, position: int) -> None:
+        """Ack every delivery below ``position`` (one ack, ``multiple=True``)."""
+        last: AbstractIncomingMessage | None = None
+        entries = self._entries
+        count = 0
+        while entries and entries[0].delivery.position < position:
+            entry = entries.popleft()
+            if entry.life is self._life:
+                last = entry.message
+                count += 1
+        if last is None:
+            return
+        try:
+            await last.ack(multiple=True)
+            self.acked += count
+        except Exception as exc:  # the channel died meanwhile: the broker redelivers
+            log.info("%s: ack below position %d skipped (%r)", self.name, position, exc)
+
+    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
+        if stateful and position is None and not earliest:
+            error = ConfigError(
+                f"partition queue {self.queue!r}: this worker has no table state for "
+                f"{self.name} and its agent declares no history. RabbitMQ keeps no "
+                "changelog, so the partition would start empty: declare "
+                "history=FromEventStore() on the agent (the partition is then rebuilt by "
+                "replaying the event store), or bring its data directory back."
+            )
+            self._refused(error)  # loud: the worker stops
+            raise error
+        self._next = self._handed = position or 0
+        try:
+            channel = await self._connection.channel()
+            await channel.set_qos(prefetch_count=self.prefetch)
+            queue = await channel.declare_queue(self.queue, passive=True)
+            await queue.consume(self._on_message, no_ack=False)
+        except Exception as exc:
+            raise SourceError(f"{self.name}: cannot consume queue {self.queue!r}: {exc!r}") from exc
+        self._channel = channel
+        log.info("%s: consuming queue %s (prefetch %d)", self.name, self.queue, self.prefetch)
+        return self._next
+
+    # the consumer --------------------------------------------------------------------
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        """Called in delivery order (one task each, started in order): no await here."""
+        life = _life_of(message)
+        if life is None:  # its channel closed already: the broker redelivers it
+            return
+        if life is not self._life:
+            self._new_life(life)
+        if message.redelivered:
+            self.redelivered += 1
+        if self._awaiting is not None:
+            if self._held or _fingerprint(message) != self._awaiting:
+                if time.monotonic() - self._awaiting_since < AWAIT_LIMIT_S or self._held:
+                    self._requeue_soon(message, life)
+                    return
+                log.warning(
+                    "%s: a requeued delivery did not come back within %.0fs; going on",
+                    self.name,
+                    AWAIT_LIMIT_S,
+                )
+            self._awaiting = None
+        key, value, headers = from_message(message.body, message.headers, message.content_type)
+        position = self._next
+        self._next += 1
+        delivery = Message(self.topic, self.partition, position, key, value, headers)
+        self._entries.append(_Entry(delivery, message, life))
+        self._hand()
+
+    def _new_life(self, channel: object) -> None:
+        if self._life is not None:
+            log.warning(
+                "%s: the channel was re-opened; %d unsettled deliveries come again",
+                self.name,
+                len(self._entries) + len(self._held),
+            )
+        self._life = channel
+        self._entries.clear()  # their tags died with the old channel
+        self._held.clear()
+        self._awaiting = None
+        self._handed = self._next
+
+    def _hand(self) -> None:
+        if self._paused or not self._entries:
+            return
+        if getattr(self._life, "is_closed", False):  # they come again on the new channel
+            self._entries = deque(e for e in self._entries if e.delivery.position < self._handed)
+            return
+        pending = [e.delivery for e in self._entries if e.delivery.position >= self._handed]
+        if pending and self._feed(pending):
+            self._handed = pending[-1].position + 1
+
+    def _requeue_soon(self, message: AbstractIncomingMessage, life: object) -> None:
+        if self._held:  # still holding: requeued together, in order
+            self._held.append((message, life))
+        else:
+            self._spawn(_nack(message, self.name, multiple=False))
+
+    def _requeue(self) -> None:
+        self._requeue_timer = None
+        live = [m for m, life in self._held if life is self._life]
+        self._held = []
+        if not live:
+            self._awaiting = None
+            return
+        self._last_requeue = self._awaiting_since = time.monotonic()
+        # One frame for all: nacks one by one would race the ack (multiple=True) of
+        # the first one, which comes back at once (an unknown tag closes the channel).
+        # Below the last held tag nothing else is unacked: the task settled up to the
+        # rewind position before rewinding.
+        last = max(live, key=lambda m: m.delivery_tag or 0)
+        self._spawn(_nack(last, self.name, multiple=True))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop consuming; the broker requeues what was not acked."""
+        self._paused = True
+        if self._requeue_timer is not None:
+            self._requeue_timer.cancel()
+        channel, self._channel = self._channel, None
+        if channel is not None and not channel.is_closed:
+            try:
+                await channel.close()
+            except Exception as exc:
+                log.debug("%s: closing the channel: %r", self.name, exc)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _nack(message: AbstractIncomingMessage, name: str, *, multiple: bool) -> None:
+    try:
+        await message.nack(requeue=True, multiple=multiple)
+    except Exception as exc:  # the channel died: the broker requeues it anyway
+        log.info("%s: requeue skipped (%r)", name, exc)
+
+
+def _life_of(message: AbstractIncomingMessage) -> object | None:
+    """The client channel of ``message``; None once it is closed."""
+    try:
+        return message.channel
+    except Exception:  # aio-pika raises when the channel is closed
+        return None
+
+
+def _fingerprint(message: AbstractIncomingMessage) -> bytes:
+    """Identifies a message across a requeue: its ``message_id``, else its content."""
+    if message.message_id:
+        return message.message_id.encode()
+    digest = hashlib.blake2b(message.body, digest_size=16)
+    digest.update(repr(sorted((message.headers or {}).items())).encode())
+    return digest.digest()

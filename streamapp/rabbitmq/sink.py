@@ -1,0 +1,172 @@
+"""RabbitMQ sink: confirmed, mandatory, persistent publishes, routed by partition.
+
+A message for topic ``T`` goes to exchange ``T`` with routing key = the partition of its
+key (:func:`~streamapp.partitioner.partition_for` over ``T``'s partition count), so it
+lands in queue ``T.{p}`` (see :mod:`streamapp.rabbitmq.topology`). The channel has
+publisher confirms and ``on_return_raises`` (an unroutable message is an error, not a
+silent success, PITFALLS.md), every attempt has its own ``message_id``, and every publish
+has a deadline (robust publishes otherwise wait for a reconnection forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+
+from ..errors import PublishError
+from ..partitioner import partition_for
+from ..settings import Settings
+from ..sink import Message, Receipt
+from .connection import connect
+from .wire import to_message
+
+
+class RabbitSink:
+    """Publishes to the app's exchanges; a publish returns once the broker confirmed it."""
+
+    def __init__(
+        self, settings: Settings, partitions: Mapping[str, int], *, timeout_s: float | None = None
+    ) -> None:
+        self.settings = settings
+        self.partitions = dict(partitions)
+        """Partition count of each topic this sink may publish to."""
+        self.timeout_s = settings.publish_timeout_s if timeout_s is None else timeout_s
+        self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._exchanges: dict[str, AbstractExchange] = {}
+
+    async def start(self) -> None:
+        self._connection = await connect(self.settings, "RabbitMQ sink")
+        await self._open_channel()
+
+    async def _open_channel(self) -> None:
+        assert self._connection is not None
+        self._exchanges.clear()
+        self._channel = await self._connection.channel(
+            publisher_confirms=True, on_return_raises=True
+        )
+
+    async def _ready(self) -> None:
+        """A fresh channel when the broker closed ours (e.g. a publish to a missing
+        exchange closes it with 404; a lost connection is the robust client's business)."""
+        channel, connection = self._channel, self._connection
+        closed = channel is not None and channel.is_closed
+        if closed and connection is not None and not connection.is_closed:
+            await self._open_channel()
+
+    async def stop(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        self._exchanges.clear()
+        if connection is not None:
+            await connection.close()
+
+    async def publish(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
+    ) -> None:
+        """Publish and wait for the broker's confirm. PublishError when the message is
+        returned (no queue bound), nacked, or not confirmed within ``timeout_s``."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._ready()
+                await self._send(topic, value, key, headers, partition)
+        except PublishError:
+            raise
+        except Exception as exc:
+            raise self._error(topic, self._route(topic, key, partition), exc) from exc
+
+    async def publish_many(self, messages: Sequence[Message]) -> list[Receipt]:
+        """Publish every message (all in flight on one channel, in order), then wait for
+        all confirms. The whole batch has ``timeout_s``; on any failure PublishError:
+        some may have been written (publish the batch again; duplicates possible)."""
+        try:
+            await asyncio.wait_for(self._ready(), self.timeout_s)
+        except Exception as exc:
+            raise PublishError(f"no RabbitMQ channel to publish on: {exc!r}") from exc
+        sends = [
+            asyncio.ensure_future(self._send(m.topic, m.value, m.key, m.headers, None))
+            for m in messages
+        ]
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                partitions = await asyncio.gather(*sends)
+        except Exception as exc:
+            for send in sends:
+                send.cancel()
+            await asyncio.gather(*sends, return_exceptions=True)
+            if isinstance(exc, PublishError):
+                raise
+            raise PublishError(
+                f"batch of {len(messages)} messages not confirmed within {self.timeout_s:.0f}s "
+                f"(setting publish_timeout_s): {exc!r}"
+            ) from exc
+        return [Receipt(m.topic, p) for m, p in zip(messages, partitions, strict=True)]
+
+    async def _send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Sequence[tuple[str, bytes]],
+        partition: int | None,
+    ) -> int:
+        routing = self._route(topic, key, partition)
+        try:
+            exchange = self._exchanges.get(topic) or await self._exchange(topic)
+            await exchange.publish(
+                to_message(value, key, headers),
+                str(routing),
+                mandatory=True,
+                timeout=self.timeout_s,
+            )
+        except (PublishError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise self._error(topic, routing, exc) from exc
+        return routing
+
+    async def _exchange(self, topic: str) -> AbstractExchange:
+        if self._channel is None:
+            raise PublishError(f"publish to exchange {topic!r}: the RabbitMQ sink is not started")
+        exchange = await self._channel.get_exchange(topic, ensure=False)
+        self._exchanges[topic] = exchange
+        return exchange
+
+    def _route(self, topic: str, key: bytes | None, partition: int | None) -> int:
+        if partition is not None:
+            return partition
+        n = self.partitions.get(topic)
+        if n is None:
+            raise PublishError(
+                f"exchange {topic!r}: the sink does not know its partition count (not a "
+                "topic of this app); declare it in the app"
+            )
+        return 0 if key is None else partition_for(key, n)
+
+    def _error(self, topic: str, routing: int, exc: BaseException) -> PublishError:
+        from aio_pika.exceptions import DeliveryError
+        from aio_pika.exceptions import PublishError as Returned
+        from aiormq.exceptions import ChannelNotFoundEntity
+
+        where = f"exchange {topic!r} routing key {str(routing)!r}"
+        if isinstance(exc, Returned):
+            why = (
+                "returned unroutable: no queue is bound for this routing key; create the "
+                "topology with `STREAMAPP_BROKER=rabbitmq streamapp topics create`"
+            )
+        elif isinstance(exc, DeliveryError):
+            why = "nacked by the broker"
+        elif isinstance(exc, ChannelNotFoundEntity):
+            why = "the exchange does not exist; create it with `streamapp topics create`"
+        elif isinstance(exc, TimeoutError):
+            why = f"not confirmed within {self.timeout_s:.0f}s (setting publish_timeout_s)"
+        else:
+            why = f"failed: {exc!r}"
+        return PublishError(f"publish to {where} {why}; the outcome is unknown, publish again")

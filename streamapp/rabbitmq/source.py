@@ -1,0 +1,157 @@
+"""RabbitMQ source: consumes the partition queues this worker owns, one task each.
+
+At start it checks the topology (passive declares: a missing exchange or queue is named,
+with the command that makes it), then asks its :class:`Membership` which partitions it
+owns and starts a :class:`~streamapp.engine.task.PartitionTask` per partition over a
+:class:`RabbitPartitionPort`. There is no changelog on RabbitMQ: a partition's state is
+its local store, rebuilt by the event-store replay (the agent's
+``history=FromEventStore()``); a partition with neither is refused, never started empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from aio_pika.abc import AbstractRobustConnection
+
+from ..agent import Agent
+from ..app import App
+from ..engine.assignment import Assignment
+from ..engine.delivery import Delivery, Message
+from ..engine.parking import parker
+from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
+from ..events import Event
+from ..settings import Settings
+from ..tables.store import RocksStore, Store
+from . import codec
+from .connection import connect
+from .membership import Membership, Partitions, StaticMembership
+from .port import RabbitPartitionPort
+from .sink import RabbitSink
+from .topology import check_topology, queue_name
+
+log = logging.getLogger("streamapp.rabbitmq")
+
+
+def decode(delivery: Delivery) -> Event:
+    return codec.decode(delivery.value, delivery.headers)
+
+
+class RabbitSource:
+    """Feeds the app's agents from their partition queues."""
+
+    def __init__(
+        self,
+        app: App,
+        settings: Settings,
+        sink: RabbitSink,
+        app_ref: str,
+        history: HistoryFeed | None = None,
+        membership: Membership | None = None,
+    ) -> None:
+        self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
+        self.history = history
+        self.membership = membership or StaticMembership(app, settings)
+        self.assignment = Assignment(app)
+        self.ports: dict[tuple[str, int], RabbitPartitionPort] = {}
+        self._agents = {a.topic.name: a for a in app.agents.values()}
+        self._config = TaskConfig(
+            max_batch_records=settings.max_batch_records,
+            batch_budget_s=settings.batch_budget_ms / 1000,
+            redeliver_pause_s=settings.poll_timeout_ms / 1000,
+            close_budget_s=settings.rebalance_timeout_ms / 2000,
+        )
+        self._connection: AbstractRobustConnection | None = None
+        self._failed: asyncio.Future[None] | None = None
+
+    async def start(self) -> None:
+        """Connect, check the topology, take the owned partitions."""
+        self._failed = asyncio.get_running_loop().create_future()
+        self._connection = await connect(self.settings, "RabbitMQ source")
+        await check_topology(self._connection, self.app, self.app_ref)
+        await self.membership.start(self._acquire, self._release)
+        self.assignment.rebalancing = False
+
+    async def stop(self) -> None:
+        """Finish batches in hand (they commit and ack), then close channels."""
+        await self.membership.stop()
+        await self._release(list(self.assignment.tasks))
+        if self._connection is not None:
+            await self._connection.close()
+        if self._failed is not None and not self._failed.done():
+            self._failed.set_result(None)
+
+    async def wait(self) -> None:
+        """Until stopped; raises when a partition was refused (no state to start from)."""
+        if self._failed is not None:
+            await self._failed
+
+    def _fail(self, exc: BaseException) -> None:
+        """A partition cannot run here at all: the worker stops with ``exc``."""
+        if self._failed is not None and not self._failed.done():
+            self._failed.set_exception(exc)
+
+    def _acquire(self, owned: Partitions) -> None:
+        for topic, p in owned:
+            agent = self._agents[topic]
+            log.info("owns %s[%d]", topic, p)
+            task = self._task(agent, p)
+            self.assignment.tasks[(topic, p)] = task
+            task.start()
+
+    def _task(self, agent: Agent, p: int) -> PartitionTask:
+        settings, topic = self.settings, agent.topic.name
+        name = f"{topic}[{p}]"
+        path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
+        timeout = settings.store_open_timeout_s
+
+        def open_store(spaces: list[str]) -> Store:
+            return RocksStore(path, spaces, open_timeout_s=timeout)
+
+        assert self._connection is not None
+        task: PartitionTask
+
+        def feed(deliveries: list[Message]) -> bool:
+            if not task.accepting:
+                return False
+            task.feed(deliveries)
+            return True
+
+        port = RabbitPartitionPort(
+            self._connection,
+            topic,
+            p,
+            queue_name(topic, p),
+            prefetch=settings.amqp_prefetch,
+            requeue_interval_s=settings.poll_timeout_ms / 1000,
+            feed=feed,
+            refused=self._fail,
+        )
+        self.ports[(topic, p)] = port
+        task = PartitionTask(
+            agent,
+            p,
+            port,
+            name=name,
+            config=self._config,
+            decode=decode,
+            park=parker(self.sink, agent, name),
+            open_store=open_store if agent.tables else None,
+            history=self.history,
+        )
+        return task
+
+    async def _release(self, partitions: Partitions) -> None:
+        tasks = self.assignment.tasks
+        for key in partitions:
+            task, port = tasks.pop(key, None), self.ports.pop(key, None)
+            try:
+                if task is not None:
+                    await task.close()
+            except Exception as exc:
+                log.error("closing %s failed: %r", key, exc)
+            finally:
+                if port is not None:
+                    await port.close()

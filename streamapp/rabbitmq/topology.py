@@ -1,0 +1,121 @@
+"""The RabbitMQ shape of a topic: a direct exchange and one queue per partition.
+
+A topic ``T`` with ``N`` partitions is the durable direct exchange ``T`` and the durable
+classic queues ``T.0`` .. ``T.{N-1}``, each bound with routing key ``"p"`` and declared
+with ``x-single-active-consumer`` (the broker lets one consumer at a time receive from a
+partition, whatever the workers believe). Parking destinations are made the same way.
+
+Routing is computed by the publisher (:func:`streamapp.partitioner.partition_for`, Kafka's
+murmur2 over the stream id), not by a consistent-hash exchange: the plugin's hash is the
+broker's, clients cannot compute it, and old versions could route a key elsewhere after
+a restart; views and the table write check must know a key's partition, and every
+transport must agree on it (see PITFALLS.md). The routing key is the partition number.
+
+Classic queues: quorum queues on RabbitMQ 4 drop a message after 20 redeliveries unless
+declared with ``x-delivery-limit`` (PITFALLS.md); a quorum option must declare it.
+
+Only ``streamapp topics create`` declares; a worker checks with passive declares and
+names what is missing and the command that makes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aio_pika.abc import AbstractConnection, ExchangeType
+from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
+
+from ..app import App, TopicPlan
+from ..errors import ConfigError, MissingTopicError
+from ..settings import Settings
+from .connection import connect
+
+log = logging.getLogger("streamapp.rabbitmq")
+
+QUEUE_ARGUMENTS: dict[str, Any] = {"x-queue-type": "classic", "x-single-active-consumer": True}
+
+
+def queue_name(topic: str, partition: int) -> str:
+    """The queue of ``topic``'s ``partition``."""
+    return f"{topic}.{partition}"
+
+
+def plans(app: App) -> list[TopicPlan]:
+    """What the app needs on RabbitMQ: source and parking topics (no changelogs: state
+    is restored by the event-store replay)."""
+    return [p for p in app.topic_plan() if p.role != "changelog"]
+
+
+async def create_topology(app: App, settings: Settings) -> list[str]:
+    """Declare every exchange and partition queue of the app that is missing; returns the
+    topics that had something missing."""
+    connection = await connect(settings)
+    created: list[str] = []
+    try:
+        for plan in plans(app):
+            missing = await _missing(connection, plan)
+            if not missing:
+                continue
+            channel = await connection.channel()
+            exchange = await channel.declare_exchange(plan.name, ExchangeType.DIRECT, durable=True)
+            for p in range(plan.partitions):
+                queue = await channel.declare_queue(
+                    queue_name(plan.name, p), durable=True, arguments=QUEUE_ARGUMENTS
+                )
+                await queue.bind(exchange, routing_key=str(p))
+            await channel.close()
+            created.append(plan.name)
+            log.info("declared exchange %s and %d queues", plan.name, plan.partitions)
+    finally:
+        await connection.close()
+    return created
+
+
+async def check_topology(connection: AbstractConnection, app: App, app_ref: str) -> None:
+    """Raise MissingTopicError naming every missing exchange or queue, ConfigError when a
+    topic has more partition queues than the app declares."""
+    missing: list[str] = []
+    for plan in plans(app):
+        missing += await _missing(connection, plan)
+        extra = queue_name(plan.name, plan.partitions)
+        if await _exists(connection, queue=extra):
+            raise ConfigError(
+                f"queue {extra!r} exists but topic {plan.name!r} is declared with "
+                f"{plan.partitions} partitions: the partition counts must match (routing is "
+                "by partition number). Delete the topic's exchange and queues, or declare "
+                "the partition count they were made with."
+            )
+    if missing:
+        raise MissingTopicError(missing, app_ref, broker="rabbitmq")
+
+
+async def _missing(connection: AbstractConnection, plan: TopicPlan) -> list[str]:
+    missing: list[str] = []
+    if not await _exists(connection, exchange=plan.name):
+        missing.append(f"exchange {plan.name}")
+    for p in range(plan.partitions):
+        name = queue_name(plan.name, p)
+        if not await _exists(connection, queue=name):
+            missing.append(f"queue {name}")
+    return missing
+
+
+async def _exists(
+    connection: AbstractConnection, *, exchange: str | None = None, queue: str | None = None
+) -> bool:
+    """A passive declare on a channel of its own (a 404 closes the channel)."""
+    channel = await connection.channel()
+    try:
+        if exchange is not None:
+            await channel.declare_exchange(exchange, passive=True)
+        if queue is not None:
+            await channel.declare_queue(queue, passive=True)
+        return True
+    except ChannelNotFoundEntity:
+        return False
+    except ChannelPreconditionFailed as exc:
+        raise ConfigError(f"RabbitMQ refused a passive declare: {exc}") from exc
+    finally:
+        if not channel.is_closed:
+            await channel.close()

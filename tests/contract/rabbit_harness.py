@@ -1,0 +1,181 @@
+"""The agent contract over real RabbitMQ: an in-process Worker, observed from outside.
+
+Each harness has its own app id and topic names. Two RabbitMQ rules shape it:
+
+- Table state on RabbitMQ comes from the event store (no changelog; a partition with
+  tables, no local state and no history is refused), so :meth:`RabbitHarness.start`
+  gives every agent ``history=FromEventStore()`` over an empty SQLite store of its own:
+  the catch-up is instant and live deliveries follow, as for any RabbitMQ app.
+- The suite speaks Kafka's binary headers (``ce_*``, ``content-type``); here they travel
+  as ``cloudEvents_*`` headers and the ``content_type`` property, and are read back so.
+
+``unsettled`` is sent minus acked: AMQP shows a queue's ready count but not its
+unacknowledged one (the broker here runs without the management plugin), so acks are
+counted where they are made, by the worker's partition ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aio_pika
+import aiohttp
+
+from streamapp import App, FromEventStore
+from streamapp.partitioner import partition_for
+from streamapp.rabbitmq.sink import RabbitSink
+from streamapp.rabbitmq.source import RabbitSource
+from streamapp.rabbitmq.topology import create_topology, plans, queue_name
+from streamapp.rabbitmq.wire import from_message
+from streamapp.worker import Worker
+
+from .harness import AgentHarness, Parked
+from .kafka_harness import FAST
+
+
+class RabbitHarness(AgentHarness):
+    redeliver_pause_s = 1.0
+    stateless_calls_exact = False
+
+    def __init__(self, amqp_url: str, tmp: Path) -> None:
+        super().__init__()
+        self.amqp_url, self.tmp = amqp_url, tmp
+        self.ns = f"contract-{uuid.uuid4().hex[:10]}-"
+        self.worker: Worker | None = None
+        self._sink: RabbitSink | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._sent = 0
+        self._records: list[tuple[int, bytes | None]] = []
+        """(position, value) of each record sent: positions are a per-partition delivery
+        sequence that starts at 0 on a fresh partition (no redeliveries before a park)."""
+        self._next: dict[int, int] = {}
+
+    def new_app(self, **settings: Any) -> App:
+        return App(
+            f"{self.ns}app",
+            broker="rabbitmq",
+            amqp_url=self.amqp_url,
+            event_store=f"sqlite:///{self.tmp / 'events.db'}",
+            data_dir=self.tmp / "data",
+            web_port=0,
+            **{**FAST, **settings},
+        )
+
+    def name(self, base: str) -> str:
+        return self.ns + base
+
+    async def start(self, app: App) -> None:
+        for name, agent in list(app.agents.items()):  # state comes from the event store
+            replayed = dataclasses.replace(agent, history=FromEventStore())
+            app.agents[name] = replayed
+            app.tables.update({t.name: (replayed, t) for t in replayed.tables})
+        self.app = app
+        settings = app.settings()
+        await create_topology(app, settings)
+        self._sink = RabbitSink(settings, {p.name: p.partitions for p in plans(app)})
+        await self._sink.start()
+        self._http = aiohttp.ClientSession()
+        worker = Worker(app, settings)
+        await worker.start()
+        self.worker = worker
+
+    async def stop(self) -> None:
+        worker, self.worker = self.worker, None
+        try:
+            if worker is not None:
+                await worker.stop()
+        finally:
+            if self._sink is not None:
+                await self._sink.stop()
+            if self._http is not None:
+                await self._http.close()
+            self._sink = self._http = None
+
+    async def send_raw(
+        self,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        assert self._sink is not None, "start the app first"
+        amqp = [("cloudEvents_" + n[3:] if n.startswith("ce_") else n, v) for n, v in headers]
+        await self._sink.publish(self.topic, value, key=key, headers=amqp)
+        self._sent += 1
+        partitions = self.agent.topic.partitions
+        p = partition_for(key, partitions) if key is not None else 0
+        self._records.append((self._next.get(p, 0), value))
+        self._next[p] = self._next.get(p, 0) + 1
+
+    async def position_of(self, i: int) -> int:
+        return self._records[i][0]
+
+    async def value_of(self, i: int) -> bytes | None:
+        return self._records[i][1]
+
+    async def settle(self, within_s: float = 30.0) -> bool:
+        deadline = time.monotonic() + within_s
+        while True:
+            if await self.unsettled() == 0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    async def unsettled(self) -> int:
+        assert self.worker is not None, "start the app first"
+        source = self.worker.source
+        assert isinstance(source, RabbitSource)
+        return self._sent - sum(port.acked for port in source.ports.values())
+
+    def redelivered(self) -> int:
+        """Deliveries the worker received with the broker's redelivered flag."""
+        assert self.worker is not None, "start the app first"
+        source = self.worker.source
+        assert isinstance(source, RabbitSource)
+        return sum(port.redelivered for port in source.ports.values())
+
+    async def table(self, name: str, key: str) -> Any:
+        assert self._http is not None, "start the app first"
+        assert self.worker is not None
+        url = f"http://127.0.0.1:{self.worker.web_port}/tables/{name}/{quote(key, safe='')}"
+        for _ in range(50):  # bounded: 503 while the partition catches up
+            async with self._http.get(url) as r:
+                if r.status == 200:
+                    return await r.json()
+                if r.status == 404:
+                    body = await r.json()
+                    assert "not found" in body["error"], body
+                    return None
+                assert r.status == 503, (r.status, await r.text())
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"table {name!r} key {key!r}: still 503 after 5s")
+
+    async def parked(self, topic: str) -> list[Parked]:
+        assert self.app is not None
+        (plan,) = [p for p in plans(self.app) if p.name == topic]
+        out: list[Parked] = []
+        connection = await aio_pika.connect(self.amqp_url)
+        try:  # read without acking: closing the channel puts them back
+            channel = await connection.channel()
+            for p in range(plan.partitions):
+                queue = await channel.declare_queue(queue_name(topic, p), passive=True)
+                while (message := await queue.get(no_ack=False, fail=False)) is not None:
+                    key, value, headers = from_message(
+                        message.body, message.headers, message.content_type
+                    )
+                    kafka = {
+                        ("ce_" + n[12:] if n.startswith("cloudEvents_") else n): v
+                        for n, v in headers
+                    }
+                    out.append(Parked(value, key, kafka))
+        finally:
+            await connection.close()
+        return out
