@@ -24,6 +24,7 @@ from .errors import ConfigError
 from .eventstore import open_store
 from .eventstore.base import EventStoreBackend
 from .settings import Settings
+from .web.metrics import WorkerMetrics
 from .web.views import make_app
 
 log = logging.getLogger("streamapp.worker")
@@ -40,6 +41,7 @@ class Worker:
         self.feed: StoreFeed | None = None
         self.source: LiveSource | None = None
         self._web: web.AppRunner | None = None
+        self.metrics = WorkerMetrics()
         self._stop = asyncio.Event()
         for agent in app.agents.values():
             url = agent.history.url if agent.history is not None else None
@@ -76,12 +78,16 @@ class Worker:
             from .kafka.source import KafkaSource
 
             self.sink = KafkaSink(settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s)
-            return KafkaSource(app, settings, self.sink, self.app_ref, history=self.feed)
+            return KafkaSource(
+                app, settings, self.sink, self.app_ref, history=self.feed, metrics=self.metrics
+            )
         from .eventstore.source import StoreSource
 
         assert self.store is not None
         assert self.feed is not None
-        return StoreSource(app, settings, self.feed, self.store.worker_lock(app.id))
+        return StoreSource(
+            app, settings, self.feed, self.store.worker_lock(app.id), metrics=self.metrics
+        )
 
     async def start(self) -> None:
         """Serve views (fails fast on a taken port), connect, check topics, join the group."""
@@ -111,7 +117,12 @@ class Worker:
         feed = self.feed
         assert self.source is not None
         self._web = web.AppRunner(
-            make_app(self.source.assignment, self.id, feed.status if feed else None),
+            make_app(
+                self.source.assignment,
+                self.id,
+                feed.status if feed else None,
+                metrics=self.metrics,
+            ),
             access_log=None,
         )
         await self._web.setup()

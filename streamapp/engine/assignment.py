@@ -34,6 +34,14 @@ class Assignment:
         """True when partitions are assigned and every one of them is live."""
         return not self.rebalancing and all(t.phase is Phase.LIVE for t in self.tasks.values())
 
+    def not_live(self) -> dict[str, str]:
+        """The assigned partitions that are not live yet, with their phase."""
+        return {
+            task.name: task.phase.value
+            for _, task in sorted(self.tasks.items(), key=lambda kv: kv[0])
+            if task.phase is not Phase.LIVE
+        }
+
     def status(self) -> dict[str, Any]:
         return {
             task.name: task.status()

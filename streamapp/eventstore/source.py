@@ -19,6 +19,7 @@ from ..app import App
 from ..catchup import StoreFeed
 from ..engine.assignment import Assignment
 from ..engine.delivery import Delivery
+from ..engine.metrics import NO_METRICS, TaskMetrics
 from ..engine.parking import parker
 from ..engine.task import PartitionTask, TaskConfig, decode_stored
 from ..events import Event
@@ -47,6 +48,9 @@ class _StorePort:
     async def settle(self, position: int) -> None:
         pass  # the checkpoint in the table is the only position
 
+    def end(self) -> int | None:
+        return None  # store positions are global: no per-partition end
+
     async def begin(self, position: int | None, *, stateful: bool) -> int:
         task = self.task
         assert task is not None
@@ -69,8 +73,9 @@ class StoreSource:
         settings: Settings,
         feed: StoreFeed,
         lock: contextlib.AbstractAsyncContextManager[None],
+        metrics: TaskMetrics = NO_METRICS,
     ) -> None:
-        self.app, self.settings, self.feed = app, settings, feed
+        self.app, self.settings, self.feed, self.metrics = app, settings, feed, metrics
         self.assignment = Assignment(app)
         self._lock = lock
         self._locked = False
@@ -112,6 +117,7 @@ class StoreSource:
             park=parker(None, agent, name),
             open_store=open_store,
             history=self.feed,
+            metrics=self.metrics,
         )
         port.task = task
         return task

@@ -1,4 +1,4 @@
-"""Table views: ``GET /tables/{table}/{key}`` answered from the owner's committed state.
+"""The HTTP face of one worker: health, status, metrics and table views.
 
 A view reads the store, never the open batch, so it shows state consistent with the
 checkpoint. While the key's partition restores, catches up or is being handed over here,
@@ -9,30 +9,28 @@ comes with the views issue). Views know the worker's :class:`Assignment`, no tra
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import orjson
 from aiohttp import web
 
 from ..engine.assignment import Assignment
+from . import health
+from .metrics import CONTENT_TYPE, WorkerMetrics
+from .responses import json_response, unavailable
 
-
-def json_response(body: Any, status: int = 200, **headers: str) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
-    )
-
-
-def unavailable(why: str) -> web.Response:
-    return json_response({"error": why}, 503, **{"Retry-After": "1"})
+__all__ = ["json_response", "make_app", "unavailable"]
 
 
 def make_app(
     assignment: Assignment,
     worker_id: str,
     history: Callable[[], dict[str, object]] | None = None,
+    *,
+    metrics: WorkerMetrics | None = None,
 ) -> web.Application:
     """The aiohttp application of one worker."""
+    if metrics is None:
+        metrics = WorkerMetrics()
+    metrics.watch(assignment)
 
     async def table_get(request: web.Request) -> web.Response:
         name, key = request.match_info["table"], request.match_info["key"]
@@ -60,18 +58,11 @@ def make_app(
             return json_response({"error": f"key {key!r} not found in table {name!r}"}, 404)
         return json_response(table.codec.loads(raw))
 
-    async def status(request: web.Request) -> web.Response:
-        return json_response(
-            {
-                "worker": worker_id,
-                "app": assignment.app.id,
-                "ready": assignment.ready,
-                "partitions": assignment.status(),
-                "history": history() if history is not None else None,
-            }
-        )
+    async def scrape(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()
+    health.add_routes(app, assignment, worker_id, history)
+    app.router.add_get("/metrics", scrape)
     app.router.add_get("/tables/{table}/{key}", table_get)
-    app.router.add_get("/status", status)
     return app
