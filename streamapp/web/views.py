@@ -13,7 +13,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from ..engine.assignment import Assignment
-from . import health
+from . import health, tables
 from .metrics import CONTENT_TYPE, WorkerMetrics
 from .responses import json_response, unavailable
 
@@ -32,37 +32,11 @@ def make_app(
         metrics = WorkerMetrics()
     metrics.watch(assignment)
 
-    async def table_get(request: web.Request) -> web.Response:
-        name, key = request.match_info["table"], request.match_info["key"]
-        if name not in assignment.app.tables:
-            return json_response({"error": f"no table named {name!r}"}, 404)
-        _, table = assignment.app.tables[name]
-        partition, task = assignment.owner_of(name, key)
-        if task is None and assignment.rebalancing:
-            return unavailable(
-                f"the group is rebalancing; partition {partition} of {name!r} has no owner yet"
-            )
-        if task is None:
-            return json_response(
-                {
-                    "error": f"partition {partition} of table {name!r} is not owned by this worker",
-                    "partition": partition,
-                },
-                421,
-            )
-        tables = task.tables
-        if not task.phase.serves or tables is None:
-            return unavailable(f"partition {partition} of table {name!r} is {task.phase.value}")
-        raw = tables.store.get(table.data_space, key.encode())
-        if raw is None:
-            return json_response({"error": f"key {key!r} not found in table {name!r}"}, 404)
-        return json_response(table.codec.loads(raw))
-
     async def scrape(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()
     health.add_routes(app, assignment, worker_id, history)
     app.router.add_get("/metrics", scrape)
-    app.router.add_get("/tables/{table}/{key}", table_get)
+    tables.add_routes(app, assignment)
     return app

@@ -113,11 +113,14 @@ class World:
         return partition_for(key.encode(), self.agent.topic.partitions)
 
     def append(self, *events: Event) -> None:
-        """Put events on their partitions' records (not processed yet)."""
+        """Put events on their partitions' records (not processed yet); events of
+        partitions this worker does not own go to another worker (dropped here)."""
         for event in events:
             key, value, headers = codec.encode(event)
             p = self.partition_of(event.stream_id or "")
-            port = self.ports[p]
+            port = self.ports.get(p)
+            if port is None:
+                continue
             port.records.append(
                 Message(self.agent.topic.name, p, len(port.records), key, value, tuple(headers))
             )
