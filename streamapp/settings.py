@@ -47,6 +47,8 @@ class Settings:
     data_dir: Path = Path("streamapp-data")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    web_token: str | None = field(default=None, repr=False)
+    """Bearer token every view but ``/healthz`` requires (None: none). Never logged."""
     auto_offset_reset: str = "earliest"
     enable_auto_commit: bool = False
     poll_timeout_ms: int = 500
@@ -79,6 +81,8 @@ class Settings:
         for f in fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or f.name in ("app_id", "startup_retry"):
+                continue
+            if f.name == "web_token" and not raw:  # STREAMAPP_WEB_TOKEN= means none
                 continue
             values[f.name] = _parse(f.name, f.type, raw)
         values.update(overrides)
@@ -113,6 +117,13 @@ class Settings:
             raise bad("auto_offset_reset", "must be 'earliest' or 'latest'")
         if not self.kafka_bootstrap.strip():
             raise bad("kafka_bootstrap", "give host:port of a broker")
+        if self.web_token is not None and (
+            not self.web_token.strip() or any(c.isspace() for c in self.web_token)
+        ):
+            raise ConfigError(
+                f"setting web_token ({ENV_PREFIX}WEB_TOKEN) must be a non-blank token "
+                "without whitespace (its value is not shown)"
+            )
         if not 0 <= self.web_port < 65536:
             raise bad("web_port", "must be a TCP port (0 picks a free one)")
         for name in (

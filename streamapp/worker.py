@@ -29,6 +29,9 @@ from .web.views import make_app
 
 log = logging.getLogger("streamapp.worker")
 
+MAX_REQUEST_LINE = 65_536
+"""aiohttp's own limit (plain-text 400 above it); keys over 1 KiB get a JSON 414 below it."""
+
 
 class Worker:
     """Runs ``app`` in this process until stopped."""
@@ -105,12 +108,13 @@ class Worker:
             await self._shutdown()
             raise
         log.info(
-            "worker %s of app %s started on %s; views on http://%s:%s",
+            "worker %s of app %s started on %s; views on http://%s:%s%s",
             self.id,
             self.app.id,
             self.settings.broker,
             self.settings.web_host,
             self.web_port,
+            " (bearer token required)" if self.settings.web_token else "",
         )
 
     async def _serve(self) -> None:
@@ -122,8 +126,10 @@ class Worker:
                 self.id,
                 feed.status if feed else None,
                 metrics=self.metrics,
+                token=self.settings.web_token,
             ),
-            access_log=None,
+            access_log=None,  # never logs headers (the token)
+            max_line_size=MAX_REQUEST_LINE,
         )
         await self._web.setup()
         host, port = self.settings.web_host, self.settings.web_port

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from ..engine.assignment import Assignment
-from . import health, tables
+from . import health, security, tables
 from .metrics import CONTENT_TYPE, WorkerMetrics
 from .responses import json_response, unavailable
 
@@ -26,6 +26,7 @@ def make_app(
     history: Callable[[], dict[str, object]] | None = None,
     *,
     metrics: WorkerMetrics | None = None,
+    token: str | None = None,
 ) -> web.Application:
     """The aiohttp application of one worker."""
     if metrics is None:
@@ -35,7 +36,7 @@ def make_app(
     async def scrape(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application()
+    app = web.Application(middlewares=[security.json_errors, security.bearer(token)])
     health.add_routes(app, assignment, worker_id, history)
     app.router.add_get("/metrics", scrape)
     tables.add_routes(app, assignment)

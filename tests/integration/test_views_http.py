@@ -80,3 +80,44 @@ async def test_readyz_503_while_restoring_then_200_and_metrics_count_events(
     finally:
         if b.alive:
             assert b.stop() == 0
+
+
+async def test_token_enforced_and_absent_from_logs(kafka_bootstrap: str, tmp_path: Path) -> None:
+    ns = f"token{uuid.uuid4().hex[:6]}-"
+    create_topics(kafka_bootstrap, ns)
+    token = f"tok-{uuid.uuid4().hex}"
+    w = WorkerProc(
+        kafka_bootstrap,
+        ns,
+        tmp_path / "w",
+        tmp_path / "w.log",
+        extra_env={"STREAMAPP_WEB_TOKEN": token},
+    ).start()
+    try:
+        base = f"http://127.0.0.1:{w.port}"
+        good = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 60
+            while True:
+                assert w.alive, w.log_text()[-3000:]
+                try:
+                    async with http.get(f"{base}/healthz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "worker never served /healthz"
+                await asyncio.sleep(0.2)
+            for path in ("/readyz", "/status", "/metrics", "/tables", "/tables/order_status/x"):
+                async with http.get(base + path) as r:
+                    assert r.status == 401, path
+                    assert (await r.json())["error"]
+                async with http.get(base + path, headers={"Authorization": "Bearer no"}) as r:
+                    assert r.status == 401, path
+                async with http.get(base + path, headers=good) as r:
+                    assert r.status != 401, path
+    finally:
+        assert w.stop() == 0
+    log = w.log_text()
+    assert "started" in log
+    assert token not in log
