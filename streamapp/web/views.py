@@ -9,15 +9,20 @@ comes with the views issue). Views know the worker's :class:`Assignment`, no tra
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 
 from ..engine.assignment import Assignment
-from . import health, security, tables
+from ..version import streamapp_version
+from . import health, openapi, security, tables
 from .metrics import CONTENT_TYPE, WorkerMetrics
 from .responses import json_response, unavailable
 
 __all__ = ["json_response", "make_app", "unavailable"]
+
+PAGE = Path(__file__).with_name("page.html")
+"""The page at ``/``: plain HTML and a little JavaScript, no build step."""
 
 
 def make_app(
@@ -33,11 +38,21 @@ def make_app(
         metrics = WorkerMetrics()
     metrics.watch(assignment)
 
+    spec = openapi.document(assignment.app.id, streamapp_version())
+
+    async def openapi_json(request: web.Request) -> web.Response:
+        return json_response(spec)
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(body=PAGE.read_bytes(), content_type="text/html", charset="utf-8")
+
     async def scrape(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application(middlewares=[security.json_errors, security.bearer(token)])
     health.add_routes(app, assignment, worker_id, history)
     app.router.add_get("/metrics", scrape)
+    app.router.add_get("/openapi.json", openapi_json)
+    app.router.add_get("/", page)
     tables.add_routes(app, assignment)
     return app
