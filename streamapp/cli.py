@@ -106,7 +106,6 @@ def worker(
     """Run one worker of the app (one member of its consumer group)."""
     from .worker import Worker
 
-    logs.configure(loglevel)
     app = load_app(app_ref)
     overrides: dict[str, Any] = {}
     if data_dir is not None:
@@ -117,6 +116,7 @@ def worker(
         overrides["web_host"] = web_host
     try:
         settings = app.settings(**overrides)
+        logs.configure(loglevel, settings.log_format)
 
         async def run() -> None:
             await Worker(app, settings, app_ref).run()
@@ -242,10 +242,10 @@ def forward(
     from .kafka import codec
     from .kafka.sink import KafkaSink
 
-    logs.configure(loglevel)
     app = load_app(app_ref)
     try:
         settings = app.settings()
+        logs.configure(loglevel, settings.log_format)
         topics = forwarded_topics(app, settings)
 
         async def run() -> None:

@@ -47,6 +47,8 @@ class Settings:
     data_dir: Path = Path("streamapp-data")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    log_format: str = "text"
+    """``text`` lines, or ``json``: one JSON object per line."""
     web_token: str | None = field(default=None, repr=False)
     """Bearer token every view but ``/healthz`` requires (None: none). Never logged."""
     auto_offset_reset: str = "earliest"
@@ -124,6 +126,8 @@ class Settings:
                 f"setting web_token ({ENV_PREFIX}WEB_TOKEN) must be a non-blank token "
                 "without whitespace (its value is not shown)"
             )
+        if self.log_format not in ("text", "json"):
+            raise bad("log_format", "must be 'text' or 'json'")
         if not 0 <= self.web_port < 65536:
             raise bad("web_port", "must be a TCP port (0 picks a free one)")
         for name in (
