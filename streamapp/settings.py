@@ -47,6 +47,8 @@ class Settings:
     data_dir: Path = Path("streamapp-data")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    web_advertised_url: str | None = None
+    """Where other workers reach these views (default ``http://web_host:web_port``)."""
     log_format: str = "text"
     """``text`` lines, or ``json``: one JSON object per line."""
     web_token: str | None = field(default=None, repr=False)

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -25,6 +26,9 @@ from .eventstore import open_store
 from .eventstore.base import EventStoreBackend
 from .settings import Settings
 from .web.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from .kafka.members import KafkaMembers
 from .web.views import make_app
 
 log = logging.getLogger("streamapp.worker")
@@ -43,6 +47,7 @@ class Worker:
         self.store: EventStoreBackend | None = None
         self.feed: StoreFeed | None = None
         self.source: LiveSource | None = None
+        self.members: KafkaMembers | None = None
         self._web: web.AppRunner | None = None
         self.metrics = WorkerMetrics()
         self._stop = asyncio.Event()
@@ -104,6 +109,13 @@ class Worker:
             if self.feed is not None:
                 self.feed.start()
             await self.source.start()
+            if self.settings.broker == "kafka":
+                from .kafka.members import KafkaMembers
+
+                self.members = KafkaMembers(
+                    self.app, self.settings, self.source.assignment, self.id, self.sink
+                )
+                await self.members.start(self.views_url)
         except BaseException:
             await self._shutdown()
             raise
@@ -145,6 +157,18 @@ class Worker:
         sockets = getattr(server, "sockets", None) or []
         self.web_port = sockets[0].getsockname()[1] if sockets else port
 
+    @property
+    def views_url(self) -> str:
+        """Where other workers reach these views (setting web_advertised_url)."""
+        if self.settings.web_advertised_url:
+            return self.settings.web_advertised_url.rstrip("/")
+        host = self.settings.web_host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.web_port}"
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -165,6 +189,8 @@ class Worker:
 
     async def _shutdown(self) -> None:
         try:
+            if self.members is not None:
+                await self.members.stop()
             if self.source is not None:
                 await self.source.stop()
         finally:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..app import App
 from ..partitioner import partition_for
+from .directory import Directory
 from .phase import Phase
 from .task import PartitionTask
 
@@ -22,12 +23,21 @@ class Assignment:
         self.tasks: dict[tuple[str, int], PartitionTask] = {}
         self.rebalancing = True
         """True from start (or a revocation) until the partitions are handed out."""
+        self.directory: Directory | None = None
+        """Owners of the partitions of other workers (None: views do not forward)."""
 
     def owner_of(self, table: str, key: str) -> tuple[int, PartitionTask | None]:
         """The partition of ``key`` in ``table``, and its task if this worker owns it."""
         agent, _ = self.app.tables[table]
         partition = partition_for(key.encode(), agent.topic.partitions)
         return partition, self.tasks.get((agent.topic.name, partition))
+
+    def remote_owner(self, table: str, partition: int) -> str | None:
+        """The views URL of the worker that owns ``partition`` of ``table``, if known."""
+        if self.directory is None:
+            return None
+        agent, _ = self.app.tables[table]
+        return self.directory.owner_url(agent.topic.name, partition)
 
     @property
     def ready(self) -> bool:

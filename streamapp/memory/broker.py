@@ -91,7 +91,7 @@ class MemoryBroker:
         self._stores: dict[tuple[str, int], MemoryStore] = {}
         self._config = TaskConfig(redeliver_pause_s=0.0, batch_budget_s=60.0)
         for plan in app.topic_plan():
-            if plan.role != "changelog":
+            if plan.role not in ("changelog", "members"):
                 self.topics[plan.name] = [[] for _ in range(plan.partitions)]
 
     def send(self, topic: str, event: Event) -> Message:

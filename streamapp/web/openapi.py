@@ -17,7 +17,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "Bearer token missing or wrong (setting web_token).",
         404: "No such table or key.",
         414: f"Key or prefix longer than {MAX_KEY_BYTES} bytes.",
-        421: "Another worker owns the key's partition.",
+        421: "Another worker owns the key's partition and no owner directory is kept "
+        "(no members topic), or the request was already forwarded.",
         503: "Rebalancing, or the partition restores or catches up: retry after Retry-After.",
     }
     return {str(c): _json(why[c]) for c in codes}
@@ -116,7 +117,8 @@ def document(app_id: str, version: str) -> dict[str, Any]:
             },
             "/tables/{table}/{key}": {
                 "get": {
-                    "summary": "The key's committed value.",
+                    "summary": "The key's committed value, from its owner (forwarded when "
+                    "another worker owns the partition: X-Streamapp-Forwarded-To).",
                     "parameters": [
                         table,
                         _param("key", "path", {"type": "string"}, "The key (stream id)."),

@@ -2,11 +2,13 @@
 
 Every answer comes from committed state (the store), never an open batch. A key whose
 partition this worker owns but that is not live (restoring, catching up) gets 503 with
-Retry-After; a key of another worker's partition gets 421 naming the partition.
+Retry-After; a key of another worker's partition is forwarded to its owner when the
+transport keeps a directory of owners (Kafka), else answered 421 naming the partition.
 
 - ``GET /tables``: tables, partition counts, and the partitions this worker owns.
-- ``GET /tables/{table}/{key}``: the value, plain JSON. ``?min_version=N`` waits up to
-  :data:`MIN_VERSION_WAIT_S` for the key's committed stream version to reach N (else
+- ``GET /tables/{table}/{key}``: the value, plain JSON (a key of another worker's
+  partition is forwarded to it, :mod:`streamapp.web.forward`). ``?min_version=N`` waits
+  up to :data:`MIN_VERSION_WAIT_S` for the key's committed stream version to reach N (else
   503). ``?meta=1`` wraps the value with its partition, phase, version and checkpoint;
   the same facts are in ``X-Streamapp-*`` headers of every answer.
 - ``GET /tables/{table}?prefix=&limit=&cursor=``: this worker's partitions, in partition
@@ -28,6 +30,7 @@ from ..engine.assignment import Assignment
 from ..engine.task import PartitionTask
 from ..tables.partition import PartitionTables
 from ..tables.table import Table, scan
+from .forward import FORWARDED, forward
 from .responses import error, json_response, unavailable
 
 MAX_KEY_BYTES = 1024
@@ -59,6 +62,11 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
                         "owned": {
                             str(p): phase for p, phase in owned.get(agent.topic.name, {}).items()
                         },
+                        "owners": {
+                            str(p): assignment.remote_owner(name, p)
+                            for p in range(agent.topic.partitions)
+                            if p not in owned.get(agent.topic.name, {})
+                        },
                     }
                     for name, (agent, table) in sorted(tables.items())
                 ],
@@ -71,8 +79,11 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
             raise _Answer(error(404, f"no table named {name!r}", tables=sorted(tables)))
         return tables[name][1]
 
-    def _serving(name: str, key: str) -> tuple[int, PartitionTask, PartitionTables]:
-        """The live task owning ``key``, or an _Answer (421, 503)."""
+    def _serving(
+        name: str, key: str, request: web.Request | None = None
+    ) -> tuple[int, PartitionTask, PartitionTables]:
+        """The live task owning ``key``, or an _Answer (421, 503, or, given ``request``,
+        the owner's answer to it, forwarded)."""
         partition, task = assignment.owner_of(name, key)
         if task is None and assignment.rebalancing:
             raise _Answer(
@@ -81,6 +92,21 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
                     partition=partition,
                 )
             )
+        if (
+            task is None
+            and request is not None
+            and assignment.directory is not None
+            and FORWARDED not in request.headers  # never forward twice
+        ):
+            owner = assignment.remote_owner(name, partition)
+            if owner is None:
+                raise _Answer(
+                    unavailable(
+                        f"the owner of partition {partition} of {name!r} is not known yet",
+                        partition=partition,
+                    )
+                )
+            raise _Forward(owner, partition)
         if task is None:
             raise _Answer(
                 error(
@@ -107,7 +133,7 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
             _check_length("key", key)
             min_version = _int_param(request, "min_version", 0)
             meta = request.query.get("meta", "") not in ("", "0", "false")
-            partition, task, ptables = _serving(table.name, key)
+            partition, task, ptables = _serving(table.name, key, request)
             version = ptables.committed_version(key)
             deadline = time.monotonic() + MIN_VERSION_WAIT_S
             while version < min_version:
@@ -123,6 +149,8 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
                 version = ptables.committed_version(key)
         except _Answer as answer:
             return answer.response
+        except _Forward as fwd:
+            return await forward(request, fwd.owner, fwd.partition, MIN_VERSION_WAIT_S + 5)
         raw = ptables.store.get(table.data_space, key.encode())
         checkpoint = ptables.checkpoint.live
         headers = {
@@ -224,6 +252,14 @@ class _Answer(Exception):
     def __init__(self, response: web.Response) -> None:
         super().__init__(response.status)
         self.response = response
+
+
+class _Forward(Exception):
+    """Another worker owns the key's partition: ask it."""
+
+    def __init__(self, owner: str, partition: int) -> None:
+        super().__init__(owner)
+        self.owner, self.partition = owner, partition
 
 
 def _check_length(what: str, value: str) -> None:

@@ -2,8 +2,9 @@
 
 A view reads the store, never the open batch, so it shows state consistent with the
 checkpoint. While the key's partition restores, catches up or is being handed over here,
-it answers 503 with Retry-After; when another worker owns it, 421 (routing to the owner
-comes with the views issue). Views know the worker's :class:`Assignment`, no transport.
+it answers 503 with Retry-After; when another worker owns it, the request is forwarded
+to the owner (:mod:`streamapp.web.forward`). Views know the worker's
+:class:`Assignment`, no transport.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from aiohttp import web
 
 from ..engine.assignment import Assignment
 from ..version import streamapp_version
-from . import health, openapi, security, tables
+from . import forward, health, openapi, security, tables
 from .metrics import CONTENT_TYPE, WorkerMetrics
 from .responses import json_response, unavailable
 
@@ -50,6 +51,7 @@ def make_app(
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application(middlewares=[security.json_errors, security.bearer(token)])
+    app.cleanup_ctx.append(forward.session_ctx)
     health.add_routes(app, assignment, worker_id, history)
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/openapi.json", openapi_json)
