@@ -24,9 +24,9 @@ from aiokafka.errors import KafkaError
 
 from ..app import App
 from ..engine.assignment import Assignment
+from ..engine.parking import Publisher
 from ..errors import PublishError
 from ..settings import Settings
-from .sink import KafkaSink
 from .topics import partition_counts
 
 log = logging.getLogger("streamapp.members")
@@ -41,7 +41,7 @@ class KafkaMembers:
     """This worker's membership record, and everyone's, as a views directory."""
 
     def __init__(
-        self, app: App, settings: Settings, assignment: Assignment, worker_id: str, sink: KafkaSink
+        self, app: App, settings: Settings, assignment: Assignment, worker_id: str, sink: Publisher
     ) -> None:
         self.app, self.settings, self.assignment = app, settings, assignment
         self.worker_id, self.sink = worker_id, sink
