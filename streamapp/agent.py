@@ -18,6 +18,7 @@ from .engine.delivery import Decoder, Delivery, Parker, decode_delivery
 from .errors import DecodeError
 from .events import Event
 from .history import History
+from .logs import Gate
 from .outcomes import FailurePolicy, Outcome, Park, Redeliver
 from .tables.partition import PartitionTables
 from .tables.table import Table
@@ -62,6 +63,8 @@ class Agent:
 class Handled:
     outcome: Outcome
     reason: str = ""
+    error: BaseException | None = None
+    """What the handler raised (its traceback is logged the first time per partition)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +125,7 @@ async def handle(
 def _failed(tables: PartitionTables | None, exc: BaseException) -> Handled:
     if tables is not None:
         tables.rollback_event()
-    return Handled(Outcome.FAILED, f"{type(exc).__name__}: {exc}")
+    return Handled(Outcome.FAILED, f"{type(exc).__name__}: {exc}", exc)
 
 
 async def run_batch(
@@ -154,18 +157,34 @@ async def run_batch(
             continue
         policy = agent.on_failure
         if isinstance(policy, Park) and await park(record, handled.reason):
+            _log_failure(agent, record, handled, "parked", logging.DEBUG)
             continue
-        log.warning(
-            "agent %s: %s[%d]@%d %s (%s); will redeliver",
-            agent.name,
-            record.topic,
-            record.partition,
-            record.position,
-            handled.outcome.value,
-            handled.reason,
-        )
+        _log_failure(agent, record, handled, "will redeliver", logging.WARNING)
         return BatchResult(i, failure=handled, counts=_counts(counts, delivered))
     return BatchResult(len(records), counts=_counts(counts, delivered))
+
+
+_TRACEBACKS = Gate(window_s=60.0)
+"""A handler's traceback: the first failure per partition, then one a minute."""
+
+
+def _log_failure(agent: Agent, record: Delivery, handled: Handled, then: str, level: int) -> None:
+    """One line per failure; with the traceback the first time per partition (then at
+    most once a minute), so a poison record shows where it failed without flooding."""
+    error = handled.error
+    traceback = error is not None and _TRACEBACKS.due((agent.name, record.topic, record.partition))
+    log.log(
+        logging.WARNING if traceback else level,
+        "agent %s: %s[%d]@%d %s (%s); %s",
+        agent.name,
+        record.topic,
+        record.partition,
+        record.position,
+        handled.outcome.value,
+        handled.reason,
+        then,
+        exc_info=error if traceback else None,
+    )
 
 
 def _counts(counts: dict[Outcome, int], delivered: int) -> dict[Outcome, int]:

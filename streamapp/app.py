@@ -103,6 +103,12 @@ class App:
         """The changelog topic of ``agent``'s tables (None: the agent has no tables)."""
         return changelog_topic(self.id, agent.name) if agent.tables else None
 
+    @property
+    def members_topic(self) -> str:
+        """The compacted topic where workers say which partitions they own and where
+        their views answer (views forward a key to its owner through it)."""
+        return f"{self.id}-members"
+
     def topic_plan(self) -> list[TopicPlan]:
         """Every topic the app reads or writes, with partitions and cleanup policy."""
         plan: dict[str, TopicPlan] = {}
@@ -117,4 +123,7 @@ class App:
             if isinstance(agent.on_failure, Park):
                 dest = agent.on_failure.destination
                 plan.setdefault(dest, TopicPlan(dest, src.partitions, role="parking"))
+        if plan:
+            members = self.members_topic
+            plan[members] = TopicPlan(members, 1, compacted=True, role="members")
         return list(plan.values())

@@ -1,15 +1,18 @@
-"""The ``streamapp`` command: ``worker``, ``topics``, ``store`` and ``forward``."""
+"""The ``streamapp`` command: ``worker``, ``topics``, ``store``, ``forward``, ``tables``
+and ``agents``. ``-A MODULE[:ATTRIBUTE]`` goes before or after the command."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 
 import click
 import orjson
@@ -17,6 +20,7 @@ import orjson
 from . import logs
 from .app import App, TopicPlan
 from .errors import ConfigError, StreamappError
+from .version import streamapp_version
 
 if TYPE_CHECKING:
     from .eventstore import EventStoreBackend, ParkedRecord
@@ -28,26 +32,56 @@ T = TypeVar("T")
 
 
 def load_app(ref: str) -> App:
-    """Import ``module:attribute`` from the working tree and return the App it names."""
+    """Import ``MODULE[:ATTRIBUTE]`` from the working tree and return the App it names
+    (a bare module: its ``app``). Errors are one line naming what is missing."""
     module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise click.BadParameter(
-            f"{ref!r}: give MODULE:ATTRIBUTE, e.g. agents.orders:app", param_hint="-A"
-        )
+    attr = attr or "app"
+    if not module_name:
+        raise click.ClickException(f"-A {ref!r}: give MODULE[:ATTRIBUTE], e.g. agents.orders:app")
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="-A") from exc
-    app = getattr(module, attr, None)
+        raise click.ClickException(f"-A {ref}: cannot import {module_name!r}: {exc}") from exc
+    if not hasattr(module, attr):
+        raise click.ClickException(
+            f"-A {ref}: module {module_name!r} has no attribute {attr!r} "
+            "(give MODULE:ATTRIBUTE naming the App)"
+        )
+    app = getattr(module, attr)
     if not isinstance(app, App):
-        raise click.BadParameter(f"{ref!r} is not a streamapp App", param_hint="-A")
+        raise click.ClickException(
+            f"-A {ref}: {module_name}:{attr} is not a streamapp App (it is a {type(app).__name__})"
+        )
     return app
 
 
+def _app_ref(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """``-A`` given after the command, else before it (``streamapp -A MOD worker``)."""
+    ref = value or ctx.find_root().params.get("app_ref")
+    if not ref:
+        raise click.ClickException(
+            f"{ctx.command_path}: give the app with -A MODULE[:ATTRIBUTE], e.g. -A agents.orders"
+        )
+    return str(ref)
+
+
 app_option = click.option(
-    "-A", "--app", "app_ref", required=True, help="MODULE:ATTRIBUTE of the App."
+    "-A", "--app", "app_ref", callback=_app_ref, help="MODULE[:ATTRIBUTE] of the App."
+)
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _level(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value.lower() not in LEVELS:
+        raise click.ClickException(f"unknown log level {value!r}: use one of {', '.join(LEVELS)}")
+    return value.lower()
+
+
+loglevel_option = click.option(
+    "-l", "--loglevel", default="info", show_default=True, callback=_level, help="Log level."
 )
 
 
@@ -56,7 +90,11 @@ def _plan_row(plan: TopicPlan) -> str:
 
 
 @click.group()
-def main() -> None:
+@click.option(
+    "-A", "--app", "app_ref", help="MODULE[:ATTRIBUTE] of the App, for every command below."
+)
+@click.version_option(streamapp_version(), "--version", prog_name="streamapp")
+def main(app_ref: str | None) -> None:
     """streamapp: event-sourced projections over Kafka with exactly-once table state."""
 
 
@@ -65,14 +103,13 @@ def main() -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Where table stores live.")
 @click.option("--web-port", type=int, help="Port of the table views (0: any free port).")
 @click.option("--web-host", help="Address of the table views.")
-@click.option("--loglevel", default="info", show_default=True)
+@loglevel_option
 def worker(
     app_ref: str, data_dir: Path | None, web_port: int | None, web_host: str | None, loglevel: str
 ) -> None:
     """Run one worker of the app (one member of its consumer group)."""
     from .worker import Worker
 
-    logs.configure(loglevel)
     app = load_app(app_ref)
     overrides: dict[str, Any] = {}
     if data_dir is not None:
@@ -83,6 +120,7 @@ def worker(
         overrides["web_host"] = web_host
     try:
         settings = app.settings(**overrides)
+        logs.configure(loglevel, settings.log_format)
 
         async def run() -> None:
             await Worker(app, settings, app_ref).run()
@@ -263,7 +301,7 @@ def _bytes_field(name: str, raw: bytes | None) -> dict[str, Any]:
 @click.option("--name", help="Forwarder name: its checkpoint (default: the app id).")
 @click.option("--chunk", type=int, default=1000, show_default=True, help="Events per publish.")
 @click.option("--poll-interval", type=float, help="Seconds between head polls when idle.")
-@click.option("--loglevel", default="info", show_default=True)
+@loglevel_option
 def forward(
     app_ref: str, name: str | None, chunk: int, poll_interval: float | None, loglevel: str
 ) -> None:
@@ -277,10 +315,10 @@ def forward(
     from .eventstore import open_store
     from .forwarder import Forwarder, forwarded_topics
 
-    logs.configure(loglevel)
     app = load_app(app_ref)
     try:
         settings = app.settings()
+        logs.configure(loglevel, settings.log_format)
         topics = forwarded_topics(app, settings)
         make_sink, encode = _sink_of(app, settings)
 
@@ -333,6 +371,95 @@ def _sink_of(app: App, settings: Settings) -> tuple[Callable[[], Sink], Encoder]
         f"setting broker (STREAMAPP_BROKER) = {settings.broker!r}: the forwarder publishes "
         "to a broker; set it to kafka or rabbitmq"
     )
+
+
+DEFAULT_URL = "http://127.0.0.1:6066"
+url_option = click.option(
+    "--url", default=DEFAULT_URL, show_default=True, help="A worker's views (any worker)."
+)
+
+
+@main.group("tables")
+def tables_group() -> None:
+    """Ask a running worker for table state (token: STREAMAPP_WEB_TOKEN)."""
+
+
+@tables_group.command("get")
+@click.argument("table")
+@click.argument("key")
+@url_option
+@click.option("--min-version", type=int, help="Wait for the key's stream version (up to 5 s).")
+@click.option("--meta", is_flag=True, help="With partition, phase, version and checkpoint.")
+def tables_get(table: str, key: str, url: str, min_version: int | None, meta: bool) -> None:
+    """Print KEY's committed value in TABLE as JSON."""
+    params = {"meta": "1"} if meta else {}
+    if min_version is not None:
+        params["min_version"] = str(min_version)
+    path = f"/tables/{quote(table, safe='')}/{quote(key, safe='')}"
+    click.echo(_ask(url, path, params).decode())
+
+
+@tables_group.command("scan")
+@click.argument("table")
+@url_option
+@click.option("--prefix", default="", help="Only keys starting with this.")
+@click.option("--limit", type=int, default=100, show_default=True, help="Items per request.")
+def tables_scan(table: str, url: str, prefix: str, limit: int) -> None:
+    """Print every item of TABLE the worker owns, one JSON object per line, page by page."""
+    cursor = ""
+    while True:
+        params = {"prefix": prefix, "limit": str(limit), "cursor": cursor}
+        page = orjson.loads(_ask(url, f"/tables/{quote(table, safe='')}", params))
+        for item in page["items"]:
+            click.echo(orjson.dumps(item).decode())
+        if not page.get("cursor"):
+            return
+        cursor = page["cursor"]
+
+
+def _ask(url: str, path: str, params: dict[str, str]) -> bytes:
+    """GET a worker's view; a non-200 answer is printed (JSON) and exits 1."""
+    import aiohttp
+
+    token = os.environ.get("STREAMAPP_WEB_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def get() -> tuple[int, bytes]:
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(url.rstrip("/") + path, params=params, headers=headers) as r,
+        ):
+            return r.status, await r.read()
+
+    try:
+        status, body = asyncio.run(get())
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise click.ClickException(f"cannot reach a worker at {url}: {exc}") from exc
+    if status != 200:
+        click.echo(body.decode(errors="replace"), err=True)
+        raise click.ClickException(f"worker at {url} answered {status}")
+    return body
+
+
+@main.command()
+@app_option
+def agents(app_ref: str) -> None:
+    """List the app's agents: topic, tables, failure policy and history."""
+    app = load_app(app_ref)
+    for agent in app.agents.values():
+        history = agent.history
+        out = {
+            "agent": agent.name,
+            "topic": agent.topic.name,
+            "partitions": agent.topic.partitions,
+            "tables": [t.name for t in agent.tables],
+            "changelog": app.changelog_topic(agent),
+            "on_failure": repr(agent.on_failure),
+            "history": None if history is None else repr(history),
+            "filter": None if agent.filter is None else getattr(agent.filter, "__name__", "yes"),
+        }
+        click.echo(orjson.dumps(out).decode())
 
 
 def _with_store(app_ref: str, use: Callable[[EventStoreBackend], Awaitable[T]]) -> T:

@@ -3,6 +3,9 @@
 During a broker outage aiokafka logs every failed connect, fetch and metadata request at
 ERROR (hundreds of lines a second). :class:`Throttle` lets the first record of each
 message through and then one per ``window_s``, saying how many it held back.
+:class:`Gate` does the same for handler tracebacks (first per partition, then one a
+window). Setting ``log_format`` = ``json`` (``STREAMAPP_LOG_FORMAT``) writes one JSON
+object per line instead of text.
 """
 
 from __future__ import annotations
@@ -10,6 +13,48 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class Gate:
+    """True for a key's first call, then at most once per ``window_s``."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self._last: dict[object, float] = {}
+
+    def due(self, key: object) -> bool:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.window_s:
+            return False
+        if len(self._last) > 10_000:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, and the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        body: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            body["traceback"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            body["stack"] = record.stack_info
+        return orjson.dumps(body).decode()
 
 
 class Throttle(logging.Filter):
@@ -33,18 +78,13 @@ class Throttle(logging.Filter):
         return True
 
 
-def configure(level: str) -> None:
-    """Log lines to stderr; aiokafka at WARNING and throttled."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    client = logging.getLogger("aiokafka")
-    client.setLevel(logging.WARNING)
-    throttle = Throttle()
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_only("aiokafka", throttle))
+def configure(level: str, fmt: str = "text") -> None:
+    """Log lines (text or JSON) to stderr; aiokafka at WARNING and throttled."""
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    stream.addFilter(_only("aiokafka", Throttle()))
+    logging.basicConfig(level=level.upper(), handlers=[stream], force=True)
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
 def _only(prefix: str, throttle: Throttle) -> logging.Filter:

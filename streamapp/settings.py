@@ -54,6 +54,12 @@ class Settings:
     data_dir: Path = Path("streamapp-data")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    web_advertised_url: str | None = None
+    """Where other workers reach these views (default ``http://web_host:web_port``)."""
+    log_format: str = "text"
+    """``text`` lines, or ``json``: one JSON object per line."""
+    web_token: str | None = field(default=None, repr=False)
+    """Bearer token every view but ``/healthz`` requires (None: none). Never logged."""
     auto_offset_reset: str = "earliest"
     enable_auto_commit: bool = False
     poll_timeout_ms: int = 500
@@ -97,6 +103,8 @@ class Settings:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or f.name in ("app_id", "startup_retry"):
                 continue
+            if f.name == "web_token" and not raw:  # STREAMAPP_WEB_TOKEN= means none
+                continue
             values[f.name] = _parse(f.name, f.type, raw)
         values.update(overrides)
         return cls(app_id=app_id, **values)
@@ -138,6 +146,15 @@ class Settings:
             raise bad(
                 "amqp_partitions", "give partition numbers separated by commas, or nothing for all"
             ) from None
+        if self.web_token is not None and (
+            not self.web_token.strip() or any(c.isspace() for c in self.web_token)
+        ):
+            raise ConfigError(
+                f"setting web_token ({ENV_PREFIX}WEB_TOKEN) must be a non-blank token "
+                "without whitespace (its value is not shown)"
+            )
+        if self.log_format not in ("text", "json"):
+            raise bad("log_format", "must be 'text' or 'json'")
         if not 0 <= self.web_port < 65536:
             raise bad("web_port", "must be a TCP port (0 picks a free one)")
         for name in (

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -25,9 +26,16 @@ from .eventstore import open_store
 from .eventstore.base import EventStoreBackend
 from .settings import Settings
 from .sink import Sink
+from .web.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from .kafka.members import KafkaMembers
 from .web.views import make_app
 
 log = logging.getLogger("streamapp.worker")
+
+MAX_REQUEST_LINE = 65_536
+"""aiohttp's own limit (plain-text 400 above it); keys over 1 KiB get a JSON 414 below it."""
 
 
 class Worker:
@@ -41,7 +49,9 @@ class Worker:
         self.feed: StoreFeed | None = None
         self.source: LiveSource | None = None
         self.sink: Sink | None = None
+        self.members: KafkaMembers | None = None
         self._web: web.AppRunner | None = None
+        self.metrics = WorkerMetrics()
         self._stop = asyncio.Event()
         for agent in app.agents.values():
             url = agent.history.url if agent.history is not None else None
@@ -81,12 +91,16 @@ class Worker:
             from .kafka.source import KafkaSource
 
             self.sink = KafkaSink(settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s)
-            return KafkaSource(app, settings, self.sink, self.app_ref, history=self.feed)
+            return KafkaSource(
+                app, settings, self.sink, self.app_ref, history=self.feed, metrics=self.metrics
+            )
         from .eventstore.source import StoreSource
 
         assert self.store is not None
         assert self.feed is not None
-        return StoreSource(app, settings, self.feed, self.store.worker_lock(app.id))
+        return StoreSource(
+            app, settings, self.feed, self.store.worker_lock(app.id), metrics=self.metrics
+        )
 
     async def start(self) -> None:
         """Serve views (fails fast on a taken port), connect, check topics, join the group."""
@@ -103,24 +117,41 @@ class Worker:
             if self.feed is not None:
                 self.feed.start()
             await self.source.start()
+            if self.settings.broker == "kafka":
+                from .kafka.members import KafkaMembers
+                from .kafka.sink import KafkaSink
+
+                assert isinstance(sink, KafkaSink)
+                self.members = KafkaMembers(
+                    self.app, self.settings, self.source.assignment, self.id, sink
+                )
+                await self.members.start(self.views_url)
         except BaseException:
             await self._shutdown()
             raise
         log.info(
-            "worker %s of app %s started on %s; views on http://%s:%s",
+            "worker %s of app %s started on %s; views on http://%s:%s%s",
             self.id,
             self.app.id,
             self.settings.broker,
             self.settings.web_host,
             self.web_port,
+            " (bearer token required)" if self.settings.web_token else "",
         )
 
     async def _serve(self) -> None:
         feed = self.feed
         assert self.source is not None
         self._web = web.AppRunner(
-            make_app(self.source.assignment, self.id, feed.status if feed else None),
-            access_log=None,
+            make_app(
+                self.source.assignment,
+                self.id,
+                feed.status if feed else None,
+                metrics=self.metrics,
+                token=self.settings.web_token,
+            ),
+            access_log=None,  # never logs headers (the token)
+            max_line_size=MAX_REQUEST_LINE,
         )
         await self._web.setup()
         host, port = self.settings.web_host, self.settings.web_port
@@ -135,6 +166,18 @@ class Worker:
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.web_port = sockets[0].getsockname()[1] if sockets else port
+
+    @property
+    def views_url(self) -> str:
+        """Where other workers reach these views (setting web_advertised_url)."""
+        if self.settings.web_advertised_url:
+            return self.settings.web_advertised_url.rstrip("/")
+        host = self.settings.web_host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.web_port}"
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -154,6 +197,8 @@ class Worker:
 
     async def _shutdown(self) -> None:
         try:
+            if self.members is not None:
+                await self.members.stop()
             if self.source is not None:
                 await self.source.stop()
         finally:

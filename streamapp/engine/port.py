@@ -32,6 +32,11 @@ class PartitionPort(Protocol):
         beginning with ``earliest``). Returns the position where delivery starts."""
         ...
 
+    def end(self) -> int | None:
+        """The position after the partition's last delivery as last seen, when known
+        without a request (None: unknown). Gives lag in status and metrics."""
+        ...
+
 
 class Changelog(Protocol):
     """Replicates one partition's batches so that another worker can take it over."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,6 +31,7 @@ from ..tables.checkpoint import Checkpoint
 from ..tables.partition import PartitionTables, spaces_for
 from ..tables.store import Store
 from .delivery import Decoder, Delivery, Parker
+from .metrics import NO_METRICS, TaskMetrics
 from .pace import Pace, pause
 from .phase import Phase
 from .port import Changelog, PartitionPort
@@ -89,9 +91,11 @@ class PartitionTask:
         open_store: StoreOpener | None = None,
         changelog: Changelog | None = None,
         history: HistoryFeed | None = None,
+        metrics: TaskMetrics = NO_METRICS,
     ) -> None:
         self.agent, self.partition, self.port, self.name = agent, partition, port, name
-        self.config, self._decode, self._park = config, decode, park
+        self.config, self._decode, self._park_with = config, decode, park
+        self.metrics = metrics
         self._open_store, self.changelog, self.history = open_store, changelog, history
         self.phase = Phase.RESTORING
         self.busy = False
@@ -215,6 +219,7 @@ class PartitionTask:
             raise
         if self.changelog is not None:
             self.restored = await self.changelog.open(self.tables)
+            self.metrics.restored(agent.name, self.restored)
 
     async def _catch_up(self) -> None:
         tables = self.tables
@@ -292,6 +297,7 @@ class PartitionTask:
                 if result.settled < len(chunk):
                     self._rewind(chunk[result.settled].position)
                     if result.redeliver:
+                        self.metrics.redelivery(self.agent.name)
                         policy_pause = getattr(self.agent.on_failure, "pause_s", None)
                         wait_s = config.redeliver_pause_s
                         if policy_pause is not None and config.policy_pauses:
@@ -314,11 +320,20 @@ class PartitionTask:
         self.port.resume()
 
     async def _run(self, chunk: Sequence[Delivery], decode: Decoder, budget: float) -> BatchResult:
+        started = time.perf_counter()
         result = await run_batch(self.agent, chunk, self.tables, decode, self._park, budget)
         outcomes = self.outcomes
         for outcome, n in result.counts.items():
             outcomes[outcome] = outcomes.get(outcome, 0) + n
+        handled = result.settled + (result.failure is not None)
+        self.metrics.batch(self.agent.name, handled, time.perf_counter() - started, result.counts)
         return result
+
+    async def _park(self, delivery: Delivery, reason: str) -> bool:
+        parked = await self._park_with(delivery, reason)
+        if parked:
+            self.metrics.parked(self.agent.name)
+        return parked
 
     async def _commit_live(self, position: int, settled: int) -> None:
         tables = self.tables
@@ -381,6 +396,9 @@ class PartitionTask:
                     await self._commit(tables.checkpoint.advanced(history=done), None)
                 self.history_next = done
             self.replayed += result.settled
+            self.metrics.replayed(self.agent.name, result.settled)
+            if result.redeliver:
+                self.metrics.redelivery(self.agent.name)
             if not cut:
                 return True
             if result.failure is not None or self._closing.is_set():
@@ -401,6 +419,7 @@ class PartitionTask:
         the checkpoint says where to resume, and the stream-version guard skips what a
         redelivery repeats. Nothing is settled before it is durable in the table.
         """
+        started = time.perf_counter()
         tables = self.tables
         if tables is not None:
             batch = tables.take_batch(checkpoint)
@@ -410,6 +429,7 @@ class PartitionTask:
             tables.write(batch, position)
         if settle_at is not None:
             await self.port.settle(settle_at)
+        self.metrics.commit(self.agent.name, time.perf_counter() - started)
 
     async def _recover(self) -> bool:
         """After a failed commit: drop the batch, reset the changelog writer, rewind to
@@ -432,19 +452,50 @@ class PartitionTask:
                 await pace.wait()
         return False
 
+    @property
+    def lag(self) -> int | None:
+        """Live deliveries of this partition not yet committed, when the transport knows
+        the partition's end cheaply (None: unknown, or not live yet)."""
+        end = self.port.end()
+        if end is None or self.next_position is None:
+            return None
+        return max(end - self.next_position, 0)
+
+    def table_sizes(self) -> dict[str, int]:
+        """Keys per table of this partition, where the store knows cheaply."""
+        tables = self.tables
+        if tables is None:
+            return {}
+        out = {}
+        for table in tables.tables:
+            n = tables.store.count(table.data_space)
+            if n is not None:
+                out[table.name] = n
+        return out
+
     def status(self) -> dict[str, object]:
         cp = self.tables.checkpoint if self.tables is not None else None
         return {
+            "agent": self.agent.name,
+            "topic": self.agent.topic.name,
+            "partition": self.partition,
             "phase": self.phase.value,
             "busy": self.busy,
             "start_position": self.start_position,
             "next_position": self.next_position,
+            "lag": self.lag,
             "processed": self.processed,
             "restored": self.restored,
             "replayed": self.replayed,
+            "outcomes": {o.value: n for o, n in sorted(self.outcomes.items(), key=_by_value)},
             "store_position": None if cp is None else cp.history,
             "caught_up": None if cp is None else cp.caught_up,
+            "checkpoint": None if cp is None else cp.live,
         }
+
+
+def _by_value(item: tuple[Outcome, int]) -> str:
+    return item[0].value
 
 
 def decode_stored(delivery: Delivery) -> Event:

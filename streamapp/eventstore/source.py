@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from ..app import App
 from ..catchup import StoreFeed
 from ..engine.assignment import Assignment
+from ..engine.metrics import NO_METRICS, TaskMetrics
 from ..engine.parking import parker
 from ..engine.task import PartitionTask, TaskConfig, decode_stored
 from ..settings import Settings
@@ -50,6 +51,9 @@ class _StorePort:
 
     async def settle(self, position: int) -> None:
         pass  # the checkpoint in the table is the only position
+
+    def end(self) -> int | None:
+        return None  # store positions are global: no per-partition end
 
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         task = self.task
@@ -87,8 +91,9 @@ class StoreSource:
         settings: Settings,
         feed: StoreFeed,
         lock: contextlib.AbstractAsyncContextManager[None],
+        metrics: TaskMetrics = NO_METRICS,
     ) -> None:
-        self.app, self.settings, self.feed = app, settings, feed
+        self.app, self.settings, self.feed, self.metrics = app, settings, feed, metrics
         self.assignment = Assignment(app)
         self._lock = lock
         self._locked = False
@@ -120,6 +125,7 @@ class StoreSource:
             park=parker(self._parking, agent, name),
             open_store=rocks_opener(settings, self.app.id, agent.name, p),
             history=self.feed,
+            metrics=self.metrics,
         )
         port.task = task
         return task

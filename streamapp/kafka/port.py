@@ -64,6 +64,14 @@ class KafkaPartitionPort:
         log.info("%s has no checkpoint: starts at the %s offset %d", self.name, reset, start)
         return start
 
+    def end(self) -> int | None:
+        """The high watermark from the last fetch response (no request)."""
+        try:
+            end = self.consumer.highwater(self.tp)
+        except IllegalStateError:  # not assigned any more
+            return None
+        return None if end is None else int(end)
+
     def _quietly(self, call: object, *args: object) -> None:
         try:
             call(*args)  # type: ignore[operator]

@@ -21,6 +21,7 @@ from ..agent import Agent
 from ..app import App
 from ..engine.assignment import Assignment
 from ..engine.delivery import Delivery, Message
+from ..engine.metrics import NO_METRICS, TaskMetrics
 from ..engine.parking import parker
 from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
 from ..errors import SourceError
@@ -51,9 +52,10 @@ class KafkaSource:
         sink: KafkaSink,
         app_ref: str,
         history: HistoryFeed | None = None,
+        metrics: TaskMetrics = NO_METRICS,
     ) -> None:
         self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
-        self.history = history
+        self.history, self.metrics = history, metrics
         self.assignment = Assignment(app)
         self._agents = {a.topic.name: a for a in app.agents.values()}
         self._config = TaskConfig.from_settings(settings)
@@ -166,6 +168,7 @@ class KafkaSource:
             open_store=rocks_opener(settings, self.app.id, agent.name, p),
             changelog=changelog,
             history=self.history,
+            metrics=self.metrics,
         )
 
     async def _release(self, revoked: Iterable[tuple[str, int] | TopicPartition]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from ..agent import Agent
 from ..app import App
 from ..engine.delivery import Delivery, Message
+from ..engine.metrics import NO_METRICS, TaskMetrics
 from ..engine.parking import parker
 from ..engine.task import PartitionTask, TaskConfig
 from ..events import Event
@@ -38,9 +39,13 @@ def _decode(delivery: Delivery) -> Event:
 class _MemoryPort:
     """A partition of an in-memory topic: the broker reads from ``position``."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: list[Message]) -> None:
+        self.records = records
         self.position = 0
         self.paused = False
+
+    def end(self) -> int | None:
+        return len(self.records)
 
     def pause(self) -> None:
         self.paused = True
@@ -80,9 +85,17 @@ class MemoryBroker:
     ``batch_budget_ms`` setting of a worker).
     """
 
-    def __init__(self, app: App, *, max_attempts: int = 10, batch_budget_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        max_attempts: int = 10,
+        batch_budget_s: float = 60.0,
+        metrics: TaskMetrics = NO_METRICS,
+    ) -> None:
         self.app = app
         self.max_attempts = max_attempts
+        self.metrics = metrics
         self.topics: dict[str, list[list[Message]]] = {}
         self._tasks: dict[tuple[str, int], tuple[PartitionTask, _MemoryPort]] = {}
         self._stores: dict[tuple[str, int], MemoryStore] = {}
@@ -90,7 +103,7 @@ class MemoryBroker:
             redeliver_pause_s=0.0, batch_budget_s=batch_budget_s, policy_pauses=False
         )
         for plan in app.topic_plan():
-            if plan.role != "changelog":
+            if plan.role not in ("changelog", "members"):
                 self.topics[plan.name] = [[] for _ in range(plan.partitions)]
 
     def send(self, topic: str, event: Event) -> Message:
@@ -175,7 +188,7 @@ class MemoryBroker:
     async def _task(self, agent: Agent, p: int) -> tuple[PartitionTask, _MemoryPort]:
         key = (agent.topic.name, p)
         if key not in self._tasks:
-            port = _MemoryPort()
+            port = _MemoryPort(self._topic(agent.topic.name)[p])
             name = f"{agent.topic.name}[{p}]"
             task = PartitionTask(
                 agent,
@@ -187,6 +200,7 @@ class MemoryBroker:
                 park=parker(self, agent, name),
                 open_store=lambda spaces: self._store(agent, p, spaces),
                 history=_EmptyHistory(),
+                metrics=self.metrics,
             )
             await task.open()
             self._tasks[key] = (task, port)

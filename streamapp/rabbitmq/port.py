@@ -133,6 +133,9 @@ class RabbitPartitionPort:
         except Exception as exc:  # the channel died meanwhile: the broker redelivers
             log.info("%s: ack below position %d skipped (%r)", self.name, position, exc)
 
+    def end(self) -> int | None:
+        return None  # AMQP tells no queue end without a request: lag unknown here
+
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         if stateful and position is None and not earliest:
             error = ConfigError(

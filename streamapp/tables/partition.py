@@ -85,6 +85,11 @@ class PartitionTables:
             return version
         return decode_version(self.store.get(VERSIONS, key))
 
+    def committed_version(self, stream_id: str) -> int:
+        """The last stream version of ``stream_id`` in the store (the committed state
+        views read; the open batch is not looked at). 0: none."""
+        return decode_version(self.store.get(VERSIONS, stream_id.encode()))
+
     def record_version(self, stream_id: str, version: int) -> None:
         self._vevent[stream_id.encode()] = version
 

@@ -30,6 +30,10 @@ class Store(Protocol):
 
     def write(self, changes: Changes) -> None: ...
 
+    def count(self, space: str) -> int | None:
+        """Keys in ``space`` where cheap to know: exact or an estimate (None: unknown)."""
+        ...
+
     def wipe(self) -> None:
         """Remove every key of every space (a store too stale to catch up)."""
         ...
@@ -51,6 +55,9 @@ class MemoryStore:
         if after is not None:
             items = [kv for kv in items if kv[0] > after]
         return items[:limit]
+
+    def count(self, space: str) -> int | None:
+        return len(self._spaces[space])
 
     def wipe(self) -> None:
         for kv in self._spaces.values():
@@ -151,6 +158,14 @@ class RocksStore:
             return out
         finally:
             del it
+
+    def count(self, space: str) -> int | None:
+        """RocksDB's estimate of the keys in ``space`` (memtables and SST properties)."""
+        cf = self._cfs.get(space)
+        if cf is None:
+            return None
+        value = cf.property_int_value("rocksdb.estimate-num-keys")
+        return None if value is None else int(value)
 
     def wipe(self) -> None:
         """Close, delete the directory, open empty again with the same spaces."""

@@ -57,6 +57,24 @@ class Table(Generic[V]):
         return f"Table({self.name!r})"
 
 
+def scan(
+    store: Store, space: str, *, prefix: bytes = b"", after: bytes | None = None, limit: int
+) -> list[tuple[bytes, bytes]]:
+    """Up to ``limit`` committed items of ``space`` with keys starting with ``prefix``,
+    in key order, from the first key above ``after`` (one short-lived page read)."""
+    out: list[tuple[bytes, bytes]] = []
+    if prefix and (after is None or after < prefix):
+        first = store.get(space, prefix)  # scan() starts above a key: the prefix itself
+        if first is not None:
+            out.append((prefix, first))
+        after = prefix
+    for key, value in store.scan(space, after, limit - len(out)) if len(out) < limit else ():
+        if not key.startswith(prefix):
+            break
+        out.append((key, value))
+    return out
+
+
 class TableView(Generic[V]):
     """One partition of a table as the agent sees it during a batch."""
 
@@ -125,12 +143,13 @@ class TableView(Generic[V]):
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._raw(key.encode()) is not None
 
-    def items(self, page: int = 1000) -> Iterator[tuple[str, V]]:
-        """Committed items of this partition (not the open batch's changes), read in
-        pages so that no store iterator outlives a page."""
+    def items(self, page: int = 1000, *, prefix: str = "") -> Iterator[tuple[str, V]]:
+        """Committed items of this partition (not the open batch's changes), in key order,
+        only keys starting with ``prefix``, read in pages so that no store iterator
+        outlives a page."""
         after: bytes | None = None
         while True:
-            rows = self._store.scan(self._space, after, page)
+            rows = scan(self._store, self._space, prefix=prefix.encode(), after=after, limit=page)
             for key, raw in rows:
                 yield key.decode(), self.codec.loads(raw)
             if len(rows) < page:

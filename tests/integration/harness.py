@@ -120,10 +120,16 @@ class WorkerProc:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The bearer header of this worker's views (when it has a token)."""
+        token = self.extra_env.get("STREAMAPP_WEB_TOKEN")
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
     async def status(self) -> dict[str, Any] | None:
         try:
             async with (
-                aiohttp.ClientSession() as http,
+                aiohttp.ClientSession(headers=self.auth) as http,
                 http.get(
                     f"http://127.0.0.1:{self.port}/status", timeout=aiohttp.ClientTimeout(total=2)
                 ) as r,
@@ -249,31 +255,36 @@ async def wait_group_ready(
 
 
 async def read_table(workers: list[WorkerProc], table: str, keys: list[str]) -> dict[str, Any]:
-    """Each key's value from whichever worker owns it (exactly one must answer)."""
+    """Each key's value, asked of every worker: exactly one serves it from its own state;
+    the others forward to it (same answer) or, without a members topic, answer 421."""
     out: dict[str, Any] = {}
     sem = asyncio.Semaphore(32)
     async with aiohttp.ClientSession() as http:
 
-        async def ask(port: int, key: str) -> tuple[int, Any]:
+        async def ask(w: WorkerProc, key: str) -> tuple[int, Any, bool]:
             for _ in range(50):  # honour Retry-After (bounded): 503 while restoring
-                async with http.get(f"http://127.0.0.1:{port}/tables/{table}/{key}") as r:
+                async with http.get(
+                    f"http://127.0.0.1:{w.port}/tables/{table}/{key}", headers=w.auth
+                ) as r:
                     if r.status != 503:
-                        return r.status, await r.json()
+                        forwarded = "X-Streamapp-Forwarded-To" in r.headers
+                        return r.status, await r.json(), forwarded
                     assert r.headers["Retry-After"]
                 await asyncio.sleep(0.2)
-            raise AssertionError(f"{key}: still 503 from port {port}")
+            raise AssertionError(f"{key}: still 503 from port {w.port}")
 
         async def one(key: str) -> None:
-            answers = []
+            local, forwarded = [], []
             async with sem:
                 for w in workers:
-                    status, body = await ask(w.port, key)
-                    if status in (200, 404):
-                        answers.append((status, body))
-                    else:
-                        assert status == 421, (status, body)
-            assert len(answers) == 1, f"{key}: owners answered {answers}"
-            status, body = answers[0]
+                    status, body, was_forwarded = await ask(w, key)
+                    if status == 421:
+                        continue
+                    assert status in (200, 404), (status, body)
+                    (forwarded if was_forwarded else local).append((status, body))
+            assert len(local) == 1, f"{key}: owners answered {local}"
+            assert all(answer == local[0] for answer in forwarded), (key, local, forwarded)
+            status, body = local[0]
             out[key] = body if status == 200 else None
 
         await asyncio.gather(*(one(k) for k in keys))

@@ -362,7 +362,10 @@ def test_topic_plan() -> None:
         "orders.parked",
         "payments",
         "shop-payer-changelog",
+        "shop-members",
     }
+    members = plan["shop-members"]
+    assert (members.partitions, members.compacted, members.role) == (1, True, "members")
     assert (plan["orders"].partitions, plan["orders"].compacted, plan["orders"].role) == (
         6,
         False,

@@ -68,6 +68,9 @@ class LivePort:
     async def settle(self, position: int) -> None:
         pass
 
+    def end(self) -> int | None:
+        return None
+
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         self.begun.append(position)
         return position or 0

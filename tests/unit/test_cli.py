@@ -6,6 +6,7 @@ import socket
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -27,10 +28,46 @@ def test_worker_names_a_bad_app_reference() -> None:
     result = CliRunner().invoke(main, ["worker", "-A", "agents.nope:app"])
     assert result.exit_code != 0
     assert "cannot import 'agents.nope'" in result.output
-    result = CliRunner().invoke(main, ["worker", "-A", "agents.orders"])
-    assert "MODULE:ATTRIBUTE" in result.output
+    result = CliRunner().invoke(main, ["worker", "-A", "agents.orders:missing"])
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0  # one line
+    assert "has no attribute 'missing'" in result.output
     result = CliRunner().invoke(main, ["worker", "-A", "agents.orders:ORDER_EVENTS"])
     assert "is not a streamapp App" in result.output
+    result = CliRunner().invoke(main, ["topics", "list"])
+    assert result.exit_code == 1
+    assert "-A MODULE[:ATTRIBUTE]" in result.output
+
+
+def test_app_before_or_after_the_command_and_bare_modules() -> None:
+    after = CliRunner().invoke(main, ["topics", "list", "-A", "agents.orders:app"])
+    before = CliRunner().invoke(main, ["-A", "agents.orders", "topics", "list"])
+    assert after.exit_code == 0, after.output
+    assert before.exit_code == 0, before.output
+    assert before.output == after.output
+
+
+def test_version_and_unknown_log_level() -> None:
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.startswith("streamapp, version ")
+    result = CliRunner().invoke(main, ["-A", "agents.orders", "worker", "-l", "loud"])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "Error: unknown log level 'loud': use one of debug, info, warning, error, critical"
+    )
+
+
+def test_agents_lists_topics_tables_policies_history() -> None:
+    result = CliRunner().invoke(main, ["agents", "-A", "agents.orders"])
+    assert result.exit_code == 0, result.output
+    (line,) = result.output.splitlines()
+    agent = orjson.loads(line)
+    assert agent["agent"] == "project_order_status"
+    assert agent["topic"] == "orders"
+    assert agent["tables"] == ["order_status"]
+    assert agent["on_failure"] == "Park(destination='orders.parked')"
+    assert agent["history"].startswith("FromEventStore")
 
 
 def test_topics_list_shows_the_plan() -> None:

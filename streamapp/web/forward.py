@@ -1,0 +1,60 @@
+"""Forwarding a key's request to the worker that owns its partition.
+
+The owner's answer is passed back as it is (status, JSON body, ``Retry-After`` and
+``X-Streamapp-*`` headers), with ``X-Streamapp-Forwarded-To`` naming the owner. The
+caller's ``Authorization`` goes along. A forwarded request is never forwarded again:
+a worker that no longer owns the partition answers 421, which becomes 503 +
+Retry-After here (the directory is behind a rebalance), as does an owner that does not
+answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from .responses import unavailable
+
+FORWARDED = "X-Streamapp-Forwarded"
+SESSION = web.AppKey("forward_session", aiohttp.ClientSession)
+_PASSED = ("Content-Type", "Retry-After")
+
+
+async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+    """One client session per worker app (its connection pool), closed on cleanup."""
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        app[SESSION] = session
+        yield
+
+
+async def forward(
+    request: web.Request, owner: str, partition: int, timeout_s: float
+) -> web.Response:
+    headers = {FORWARDED: "1"}
+    auth = request.headers.get("Authorization")
+    if auth:
+        headers["Authorization"] = auth
+    url = URL(owner.rstrip("/") + request.raw_path, encoded=True)
+    try:
+        async with request.app[SESSION].get(
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as r:
+            body = await r.read()
+            if r.status == 421:
+                return unavailable(
+                    f"partition {partition} is moving between workers; retry", partition=partition
+                )
+            out = {
+                k: v for k, v in r.headers.items() if k in _PASSED or k.startswith("X-Streamapp-")
+            }
+            out["X-Streamapp-Forwarded-To"] = owner
+            return web.Response(body=body, status=r.status, headers=out)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return unavailable(
+            f"the owner of partition {partition} ({owner}) did not answer: "
+            f"{type(exc).__name__}; retry",
+            partition=partition,
+        )

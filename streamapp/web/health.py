@@ -1,0 +1,63 @@
+"""Liveness, readiness and status of one worker.
+
+``/healthz`` says the process answers; ``/readyz`` says every assigned partition is
+restored, caught up and live and the group is not rebalancing (503 naming the partitions
+that are not, otherwise); ``/status`` is informational: partitions, phases, lag where the
+transport knows it, outcomes, and the catch-up progress of the event-store feed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from ..engine.assignment import Assignment
+from .responses import json_response
+
+
+def add_routes(
+    app: web.Application,
+    assignment: Assignment,
+    worker_id: str,
+    history: Callable[[], dict[str, object]] | None,
+) -> None:
+    async def healthz(request: web.Request) -> web.Response:
+        return json_response({"status": "ok", "worker": worker_id})
+
+    async def readyz(request: web.Request) -> web.Response:
+        not_live = assignment.not_live()
+        rebalancing = assignment.rebalancing
+        body = {
+            "ready": not rebalancing and not not_live,
+            "rebalancing": rebalancing,
+            "partitions": len(assignment.tasks),
+            "not_live": not_live,
+        }
+        if body["ready"]:
+            return json_response(body)
+        return json_response(body, 503, **{"Retry-After": "1"})
+
+    async def status(request: web.Request) -> web.Response:
+        return json_response(
+            {
+                "worker": worker_id,
+                "app": assignment.app.id,
+                "ready": assignment.ready,
+                "rebalancing": assignment.rebalancing,
+                "agents": {
+                    name: {
+                        "topic": agent.topic.name,
+                        "partitions": agent.topic.partitions,
+                        "tables": [t.name for t in agent.tables],
+                    }
+                    for name, agent in assignment.app.agents.items()
+                },
+                "partitions": assignment.status(),
+                "history": history() if history is not None else None,
+            }
+        )
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/status", status)

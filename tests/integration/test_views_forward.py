@@ -1,0 +1,93 @@
+"""Views forward to the owner: 3 workers, 8 partitions, 1,000 keys, every key asked of
+every worker answers the owner's value (the token goes along)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from streamapp import Event
+
+from .harness import (
+    WorkerProc,
+    create_topics,
+    produce,
+    wait_caught_up,
+    wait_group_ready,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+async def test_every_key_from_every_worker_is_the_owners_value(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    ns = f"fwd{uuid.uuid4().hex[:6]}-"
+    topic = f"{ns}orders"
+    out = create_topics(kafka_bootstrap, ns)
+    assert f"{ns}orders-members\t1 partitions\tmembers\tcreated" in out
+    keys = [f"order-{i:04d}" for i in range(1000)]
+    statuses = ("placed", "paid", "shipped")
+    events = [Event.create(f"order.{statuses[i % 3]}", stream_id=k, data={}) for i, k in
+              enumerate(keys)]  # fmt: skip
+    await produce(kafka_bootstrap, topic, events)
+    token = f"tok-{uuid.uuid4().hex}"
+    workers = [
+        WorkerProc(
+            kafka_bootstrap,
+            ns,
+            tmp_path / n,
+            tmp_path / f"{n}.log",
+            extra_env={"STREAMAPP_WEB_TOKEN": token},
+        ).start()
+        for n in ("a", "b", "c")
+    ]
+    try:
+        await wait_group_ready(workers, 8)
+        await wait_caught_up(kafka_bootstrap, topic, topic, 120, workers)
+        expected = {k: statuses[i % 3] for i, k in enumerate(keys)}
+        sem = asyncio.Semaphore(48)
+        counts = {"forwarded": 0, "local": 0, "retried": 0}
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
+
+            async def ask(w: WorkerProc, key: str) -> None:
+                url = f"http://127.0.0.1:{w.port}/tables/order_status/{key}?meta=1"
+                async with sem:
+                    for _ in range(50):
+                        async with http.get(url) as r:
+                            body: Any = await r.json()
+                            if r.status == 503:  # a rebalance: bounded retries
+                                assert r.headers["Retry-After"]
+                                counts["retried"] += 1
+                                await asyncio.sleep(0.2)
+                                continue
+                            assert r.status == 200, (w.port, key, r.status, body)
+                            assert body["value"]["status"] == expected[key], (key, body)
+                            fwd = "X-Streamapp-Forwarded-To" in r.headers
+                            counts["forwarded" if fwd else "local"] += 1
+                            return
+                    raise AssertionError(f"{key} from {w.port}: still 503")
+
+            await asyncio.gather(*(ask(w, k) for w in workers for k in keys))
+            assert counts["local"] == 1000, counts  # each key served once by its owner
+            assert counts["forwarded"] == 2000, counts
+            assert counts["retried"] == 0, counts  # a settled group: no 503 at all
+
+            # One worker leaves: the others take its partitions, views follow the group.
+            assert workers[2].stop() == 0
+            await wait_group_ready(workers[:2], 8)
+            counts.update(forwarded=0, local=0)
+            await asyncio.gather(*(ask(w, k) for w in workers[:2] for k in keys))
+            assert counts["local"] == 1000, counts
+            assert counts["forwarded"] == 1000, counts
+    finally:
+        for w in workers:
+            if w.alive:
+                assert w.stop() == 0
+    for w in workers:
+        assert token not in w.log_text()
