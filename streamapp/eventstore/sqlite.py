@@ -330,9 +330,7 @@ def _connect(path: Path, busy_timeout_s: float, url: str) -> sqlite3.Connection:
         conn = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript("BEGIN IMMEDIATE;" + SCHEMA + "COMMIT;")
+        _prepare(conn, busy_timeout_s)
     except (sqlite3.Error, OSError) as exc:
         raise ConfigError(
             f"setting {SETTING} = {url!r}: cannot open the SQLite store {path}: {exc}. "
@@ -355,3 +353,23 @@ def _versions(conn: sqlite3.Connection, stream_ids: set[str]) -> dict[str, int]:
             ).fetchall()
         )
     return out
+
+
+def _prepare(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """WAL mode and the schema. Switching to WAL does not wait on the busy handler, so
+    processes that create the same new file at once retry here until the busy timeout."""
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.01
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript("BEGIN IMMEDIATE;" + SCHEMA + "COMMIT;")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)

@@ -43,8 +43,9 @@ def queue_name(topic: str, partition: int) -> str:
 
 def plans(app: App) -> list[TopicPlan]:
     """What the app needs on RabbitMQ: source and parking topics (no changelogs: state
-    is restored by the event-store replay)."""
-    return [p for p in app.topic_plan() if p.role != "changelog"]
+    is restored by the event-store replay; no members topic: that is Kafka's directory
+    of view owners, RabbitMQ's comes with its membership protocol)."""
+    return [p for p in app.topic_plan() if p.role not in ("changelog", "members")]
 
 
 async def create_topology(app: App, settings: Settings) -> list[str]:
