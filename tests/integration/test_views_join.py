@@ -42,7 +42,8 @@ KEYS_PER_ROUND = 3
 
 def late_orders(n_orders: int, n_events: int) -> tuple[list[Event], dict[str, tuple[int, str]]]:
     """Events of orders ``late-*`` (disjoint from ``order-*``), expected (count, status)."""
-    events, expected = [], {}
+    events: list[Event] = []
+    expected: dict[str, tuple[int, str]] = {}
     for i in range(n_events):
         oid = f"late-{i % n_orders:04d}"
         count = expected.get(oid, (0, ""))[0] + 1
@@ -50,6 +51,14 @@ def late_orders(n_orders: int, n_events: int) -> tuple[list[Event], dict[str, tu
         expected[oid] = (count, status)
         events.append(Event.create(f"order.{status}", stream_id=oid, data={"n": i}))
     return events, expected
+
+
+async def wait_answers(w: WorkerProc, within_s: float = 60.0) -> None:
+    deadline = time.monotonic() + within_s
+    while await w.status() is None:
+        assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no answer after {within_s}s:\n{w.log_text()[-3000:]}"
+        await asyncio.sleep(0.2)
 
 
 async def test_lookups_stay_exact_while_a_worker_joins(
@@ -73,8 +82,12 @@ async def test_lookups_stay_exact_while_a_worker_joins(
         )
 
     a, b, c = worker("a"), worker("b"), worker("c")
-    workers = [a.start(), b.start()]
+    workers = [a.start()]
     try:
+        # b starts once a answers: a has made the shared SQLite event store by then (two
+        # processes making a new store at once may find it locked).
+        await wait_answers(a)
+        workers.append(b.start())
         await wait_group_ready(workers, 8)
         await wait_caught_up(kafka_bootstrap, topic, topic, 120, workers)
 
