@@ -33,11 +33,30 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
 async def forward(
     request: web.Request, owner: str, partition: int, timeout_s: float
 ) -> web.Response:
+    url = URL(owner.rstrip("/") + request.raw_path, encoded=True)
+    return await _ask(request, owner, url, partition, timeout_s)
+
+
+async def ask_owner(
+    request: web.Request,
+    owner: str,
+    path: str,
+    query: dict[str, str],
+    partition: int,
+    timeout_s: float = 10.0,
+) -> web.Response:
+    """Ask ``owner`` for ``path`` with ``query`` on behalf of ``request`` (its token)."""
+    url = URL(owner.rstrip("/")).with_path(path).with_query(query)
+    return await _ask(request, owner, url, partition, timeout_s)
+
+
+async def _ask(
+    request: web.Request, owner: str, url: URL, partition: int, timeout_s: float
+) -> web.Response:
     headers = {FORWARDED: "1"}
     auth = request.headers.get("Authorization")
     if auth:
         headers["Authorization"] = auth
-    url = URL(owner.rstrip("/") + request.raw_path, encoded=True)
     try:
         async with request.app[SESSION].get(
             url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)

@@ -11,8 +11,9 @@ transport keeps a directory of owners (Kafka), else answered 421 naming the part
   up to :data:`MIN_VERSION_WAIT_S` for the key's committed stream version to reach N (else
   503). ``?meta=1`` wraps the value with its partition, phase, version and checkpoint;
   the same facts are in ``X-Streamapp-*`` headers of every answer.
-- ``GET /tables/{table}?prefix=&limit=&cursor=``: this worker's partitions, in partition
-  then key order, a page at a time; ``cursor`` from the previous page continues.
+- ``GET /tables/{table}?prefix=&limit=&cursor=``: the whole table, merged across the
+  workers, in partition then key order, a page at a time (partitions of other workers
+  are asked of their owners); ``cursor`` from the previous page continues.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..engine.assignment import Assignment
 from ..engine.task import PartitionTask
 from ..tables.partition import PartitionTables
 from ..tables.table import Table, scan
-from .forward import FORWARDED, forward
+from .forward import FORWARDED, ask_owner, forward
 from .responses import error, json_response, unavailable
 
 MAX_KEY_BYTES = 1024
@@ -182,6 +183,9 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
         )
 
     async def scan_table(request: web.Request) -> web.Response:
+        """Partition by partition, in key order: partitions owned here are read from the
+        store, the others are asked of their owners (``only=P``, never forwarded twice),
+        so any worker gives the whole table. ``cursor`` is (partition, last key)."""
         try:
             table = _table(request)
             prefix = request.query.get("prefix", "")
@@ -191,55 +195,88 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
                 raise _Answer(error(400, f"limit must be between 1 and {SCAN_LIMIT_MAX}"))
             start_p, after = _decode_cursor(request.query.get("cursor"))
             agent, _ = tables[table.name]
-            owned = sorted(
-                (p, task)
-                for (topic, p), task in assignment.tasks.items()
-                if topic == agent.topic.name
-            )
+            count = agent.topic.partitions
+            only = request.query.get("only")
+            partitions = range(count) if only is None else [_int_param(request, "only", 0)]
+            if only is not None and not 0 <= partitions[0] < count:
+                raise _Answer(error(400, f"only must be a partition below {count}"))
             if assignment.rebalancing:
                 raise _Answer(unavailable("the group is rebalancing"))
-            not_live = {p: t.phase.value for p, t in owned if not t.phase.serves}
-            if not_live:
-                raise _Answer(
-                    unavailable(
-                        f"partitions of table {table.name!r} are not live here",
-                        not_live={str(p): ph for p, ph in not_live.items()},
-                    )
-                )
+            items: list[dict[str, Any]] = []
+            covered: list[int] = []
+            cursor: str | None = None
+            for p in partitions:
+                if p < start_p:
+                    continue
+                want = limit - len(items)
+                got = await _page(request, table, p, prefix, after if p == start_p else None, want)
+                if got is None:  # owners unknown on this transport: this worker's only
+                    continue
+                covered.append(p)
+                items += got[:want]
+                if len(got) > want or len(items) == limit:
+                    cursor = _encode_cursor(p, items[-1]["key"].encode())
+                    break
         except _Answer as answer:
             return answer.response
-        items: list[dict[str, Any]] = []
-        cursor: str | None = None
-        for p, task in owned:
-            if p < start_p or task.tables is None:
-                continue
-            rows = scan(
-                task.tables.store,
-                table.data_space,
-                prefix=prefix.encode(),
-                after=after if p == start_p else None,
-                limit=limit - len(items) + 1,  # one more: is there a next page?
-            )
-            for key, raw in rows:
-                if len(items) == limit:
-                    last = items[-1]
-                    cursor = _encode_cursor(last["partition"], last["key"].encode())
-                    break
-                items.append({"key": key.decode(), "value": table.codec.loads(raw), "partition": p})
-            if cursor is not None:
-                break
-            if len(items) == limit:  # full exactly at this partition's end
-                cursor = _encode_cursor(p, items[-1]["key"].encode())
-                break
         return json_response(
             {
                 "table": table.name,
                 "prefix": prefix,
-                "partitions": [p for p, _ in owned],
+                "partitions": covered,
                 "items": items,
                 "cursor": cursor,
             }
         )
+
+    async def _page(
+        request: web.Request,
+        table: Table[Any],
+        p: int,
+        prefix: str,
+        after: bytes | None,
+        want: int,
+    ) -> list[dict[str, Any]] | None:
+        """Up to ``want`` + 1 items of partition ``p`` (one more: is there a next page?)."""
+        agent, _ = tables[table.name]
+        task = assignment.tasks.get((agent.topic.name, p))
+        if task is not None:
+            ptables = task.tables
+            if not task.phase.serves or ptables is None:
+                raise _Answer(
+                    unavailable(
+                        f"partition {p} of table {table.name!r} is {task.phase.value}",
+                        partition=p,
+                        phase=task.phase.value,
+                    )
+                )
+            rows = scan(
+                ptables.store, table.data_space, prefix=prefix.encode(), after=after, limit=want + 1
+            )
+            return [
+                {"key": k.decode(), "value": table.codec.loads(raw), "partition": p}
+                for k, raw in rows
+            ]
+        if "only" in request.query or FORWARDED in request.headers:
+            raise _Answer(
+                error(421, f"partition {p} of table {table.name!r} is not owned here", partition=p)
+            )
+        if assignment.directory is None:
+            return None
+        owner = assignment.remote_owner(table.name, p)
+        if owner is None:
+            raise _Answer(
+                unavailable(f"the owner of partition {p} of {table.name!r} is not known yet")
+            )
+        query = {"prefix": prefix, "only": str(p), "limit": str(min(want + 1, SCAN_LIMIT_MAX))}
+        if after is not None:
+            query["cursor"] = _encode_cursor(p, after)
+        answer = await ask_owner(request, owner, f"/tables/{table.name}", query, p)
+        if answer.status != 200 or answer.body is None:
+            raise _Answer(answer)
+        body = orjson.loads(answer.body)  # type: ignore[arg-type]
+        page: list[dict[str, Any]] = body["items"]
+        return page
 
     app.router.add_get("/tables", list_tables)
     app.router.add_get("/tables/{table}", scan_table)

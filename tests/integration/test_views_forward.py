@@ -78,6 +78,27 @@ async def test_every_key_from_every_worker_is_the_owners_value(
             assert counts["forwarded"] == 2000, counts
             assert counts["retried"] == 0, counts  # a settled group: no 503 at all
 
+            # A scan asked of any worker is the whole table, merged across the workers.
+            for w in workers:
+                seen: dict[str, str] = {}
+                partitions: set[int] = set()
+                cursor = ""
+                for _ in range(200):  # bounded: 1,000 keys in pages of 97
+                    url = f"http://127.0.0.1:{w.port}/tables/order_status"
+                    params = {"limit": "97", "cursor": cursor}
+                    async with http.get(url, params=params) as r:
+                        page: Any = await r.json()
+                        assert r.status == 200, (w.port, page)
+                    for item in page["items"]:
+                        assert item["key"] not in seen, item  # each key once
+                        seen[item["key"]] = item["value"]["status"]
+                    partitions.update(page["partitions"])
+                    cursor = page["cursor"] or ""
+                    if not cursor:
+                        break
+                assert seen == expected, w.port
+                assert partitions == set(range(8))
+
             # One worker leaves: the others take its partitions, views follow the group.
             assert workers[2].stop() == 0
             await wait_group_ready(workers[:2], 8)
