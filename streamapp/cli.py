@@ -405,7 +405,7 @@ def tables_get(table: str, key: str, url: str, min_version: int | None, meta: bo
 @click.option("--prefix", default="", help="Only keys starting with this.")
 @click.option("--limit", type=int, default=100, show_default=True, help="Items per request.")
 def tables_scan(table: str, url: str, prefix: str, limit: int) -> None:
-    """Print every item of TABLE the worker owns, one JSON object per line, page by page."""
+    """Print every item of TABLE (merged across the workers), one JSON line each, page by page."""
     cursor = ""
     while True:
         params = {"prefix": prefix, "limit": str(limit), "cursor": cursor}

@@ -91,8 +91,8 @@ def document(app_id: str, version: str) -> dict[str, Any]:
             },
             "/tables/{table}": {
                 "get": {
-                    "summary": "A page of this worker's items of the table, in partition "
-                    "then key order.",
+                    "summary": "A page of the table's items merged across the workers, in "
+                    "partition then key order.",
                     "parameters": [
                         table,
                         _param("prefix", "query", {"type": "string"}, "Keys starting with."),
