@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 SPECVERSION = "1.0"
 REQUIRED = ("id", "source", "type", "specversion")
 OPTIONAL = ("subject", "time", "datacontenttype", "dataschema")
@@ -122,6 +124,20 @@ def build_event(
     s_data(event, data)
     s_ext(event, extensions)
     return event
+
+
+def encode_data(event: Event) -> bytes | None:
+    """The event's data as the bytes a binary-mode message carries (JSON for JSON
+    content types); TypeError when structured data has no JSON content type."""
+    data = event.data
+    if data is None or isinstance(data, bytes):
+        return data
+    if is_json_type(event.datacontenttype):
+        return orjson.dumps(data)
+    raise TypeError(
+        f"event {event.id}: data of type {type(data).__name__} needs a JSON "
+        f"datacontenttype, got {event.datacontenttype!r}"
+    )
 
 
 @functools.lru_cache(maxsize=64)  # a topic has few content types; this runs per record

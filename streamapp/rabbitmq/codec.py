@@ -22,7 +22,7 @@ import orjson
 from .. import structured
 from ..engine.delivery import Headers
 from ..errors import DecodeError
-from ..events import Event, is_json_type
+from ..events import Event, encode_data, is_json_type
 
 PREFIX = "cloudEvents_"
 PREFIXES = ("cloudevents_", "cloudevents:")
@@ -73,18 +73,7 @@ def encode(event: Event) -> tuple[bytes | None, bytes | None, list[tuple[str, by
     ]
     if event.datacontenttype is not None:
         headers.append((CONTENT_TYPE, event.datacontenttype.encode()))
-    data = event.data
-    if data is None:
-        body = None
-    elif isinstance(data, bytes):
-        body = data
-    elif is_json_type(event.datacontenttype):
-        body = orjson.dumps(data)
-    else:
-        raise TypeError(
-            f"event {event.id}: data of type {type(data).__name__} needs a JSON "
-            f"datacontenttype, got {event.datacontenttype!r}"
-        )
+    body = encode_data(event)
     sid = event.stream_id
     return (sid.encode() if sid is not None else None), body, headers
 
