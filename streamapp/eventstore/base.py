@@ -71,6 +71,12 @@ class BatchResult:
     results: list[AppendResult]
     error: ConcurrencyError | InvalidEventError | None = None
 
+    def one(self) -> AppendResult:
+        """The result of a batch of one append, or its error raised."""
+        if self.error is not None:
+            raise self.error
+        return self.results[0]
+
 
 @dataclass(frozen=True, slots=True)
 class ParkedRecord:

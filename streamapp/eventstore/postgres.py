@@ -130,10 +130,7 @@ class PostgresEventStore:
     async def append(
         self, stream_id: str, events: Sequence[Event], expected_version: int | None = None
     ) -> AppendResult:
-        result = await self.append_many([Append(stream_id, events, expected_version)])
-        if result.error is not None:
-            raise result.error
-        return result.results[0]
+        return (await self.append_many([Append(stream_id, events, expected_version)])).one()
 
     async def append_many(self, appends: Sequence[Append]) -> BatchResult:
         async with self._lock, self._conn.transaction(), self._conn.cursor() as cur:

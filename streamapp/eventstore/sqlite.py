@@ -110,10 +110,7 @@ class SqliteEventStore:
     async def append(
         self, stream_id: str, events: Sequence[Event], expected_version: int | None = None
     ) -> AppendResult:
-        result = await self.append_many([Append(stream_id, events, expected_version)])
-        if result.error is not None:
-            raise result.error
-        return result.results[0]
+        return (await self.append_many([Append(stream_id, events, expected_version)])).one()
 
     async def append_many(self, appends: Sequence[Append]) -> BatchResult:
         return await self._run(self._append_many, appends)

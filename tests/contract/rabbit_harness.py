@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import aio_pika
 import aiohttp
@@ -36,7 +35,7 @@ from streamapp.rabbitmq.topology import create_topology, plans, queue_name
 from streamapp.rabbitmq.wire import from_message
 from streamapp.worker import Worker
 
-from .harness import AgentHarness, Parked
+from .harness import AgentHarness, Parked, read_view
 from .kafka_harness import FAST
 
 
@@ -145,18 +144,7 @@ class RabbitHarness(AgentHarness):
     async def table(self, name: str, key: str) -> Any:
         assert self._http is not None, "start the app first"
         assert self.worker is not None
-        url = f"http://127.0.0.1:{self.worker.web_port}/tables/{name}/{quote(key, safe='')}"
-        for _ in range(50):  # bounded: 503 while the partition catches up
-            async with self._http.get(url) as r:
-                if r.status == 200:
-                    return await r.json()
-                if r.status == 404:
-                    body = await r.json()
-                    assert "not found" in body["error"], body
-                    return None
-                assert r.status == 503, (r.status, await r.text())
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"table {name!r} key {key!r}: still 503 after 5s")
+        return await read_view(self._http, self.worker.web_port, name, key)
 
     async def parked(self, topic: str) -> list[Parked]:
         assert self.app is not None
