@@ -166,6 +166,10 @@ def topics_create(app_ref: str) -> None:
     for plan in wanted:
         state = "created" if plan.name in created else "exists"
         click.echo(f"{_plan_row(plan)}\t{state}")
+    if settings.broker == "rabbitmq":
+        members = app.members_topic
+        state = "created" if members in created else "exists"
+        click.echo(f"{members}\tfanout exchange\tgroup membership\t{state}")
 
 
 @topics.command("list")

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from .app import App
+from .engine.delivery import STORE_POSITION_HEADER
 from .errors import ConfigError, PublishError
 from .events import Event
 from .eventstore.base import EventStoreBackend, StoredEvent, parse_url
@@ -135,6 +136,7 @@ class Forwarder:
         out: list[Message] = []
         for row in rows:
             key, value, headers = self.encode(row.event())
+            headers = [*headers, (STORE_POSITION_HEADER, b"%d" % row.position)]
             out.extend(Message(topic, value, key, headers) for topic in self.topics)
         return out
 

@@ -47,8 +47,13 @@ class Settings:
     amqp_prefetch: int = 500
     """Unacknowledged deliveries a partition queue's consumer may hold (basic.qos)."""
     amqp_partitions: str = ""
-    """RabbitMQ: the partitions this worker consumes, e.g. ``0,1,5`` (every source topic);
-    empty: all of them (one worker). Static until the membership protocol replaces it."""
+    """RabbitMQ: pin the partitions this worker consumes, e.g. ``0,1,5`` (every source
+    topic), outside the group; empty (default): the workers of the app share the
+    partitions through the membership protocol."""
+    amqp_heartbeat_ms: int = 500
+    """RabbitMQ group: how often a worker says it is alive and what it holds."""
+    amqp_session_timeout_ms: int = 3000
+    """RabbitMQ group: a worker not heard from for this long is gone; its partitions move."""
     event_store: str = "sqlite:///streamapp-events.db"
     """``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``postgresql://...``."""
     data_dir: Path = Path("streamapp-data")
@@ -167,6 +172,8 @@ class Settings:
             "rebalance_timeout_ms",
             "replication_factor",
             "amqp_prefetch",
+            "amqp_heartbeat_ms",
+            "amqp_session_timeout_ms",
             "publish_timeout_s",
             "shutdown_timeout_s",
             "store_open_timeout_s",
@@ -174,6 +181,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be positive")
+        if self.amqp_heartbeat_ms * 3 > self.amqp_session_timeout_ms:
+            raise bad("amqp_session_timeout_ms", "must be at least 3 x amqp_heartbeat_ms")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise bad("heartbeat_interval_ms", "must be below session_timeout_ms")
         if self.batch_budget_ms * 2 > self.rebalance_timeout_ms:

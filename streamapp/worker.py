@@ -85,7 +85,15 @@ class Worker:
 
             partitions = {p.name: p.partitions for p in plans(app)}
             self.sink = RabbitSink(settings, partitions)
-            return RabbitSource(app, settings, self.sink, self.app_ref, history=self.feed)
+            return RabbitSource(
+                app,
+                settings,
+                self.sink,
+                self.app_ref,
+                history=self.feed,
+                member_id=self.id,
+                views_url=lambda: self.views_url,
+            )
         if settings.broker == "kafka":
             from .kafka.sink import KafkaSink
             from .kafka.source import KafkaSource

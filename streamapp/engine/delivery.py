@@ -15,6 +15,10 @@ from ..events import Event
 
 Headers = Sequence[tuple[str, bytes]]
 
+STORE_POSITION_HEADER = "streamapp-position"
+"""Set by the forwarder: the event-store position of the event a message carries (ASCII
+digits). A transport without a changelog resumes its replay after it."""
+
 
 class Delivery(Protocol):
     """One message of one partition. ``position`` orders it within its partition: a

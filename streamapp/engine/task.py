@@ -30,7 +30,7 @@ from ..settings import Settings
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import PartitionTables, spaces_for
 from ..tables.store import Store
-from .delivery import Decoder, Delivery, Parker
+from .delivery import STORE_POSITION_HEADER, Decoder, Delivery, Parker
 from .metrics import NO_METRICS, TaskMetrics
 from .pace import Pace, pause
 from .phase import Phase
@@ -64,6 +64,11 @@ class TaskConfig:
     close_budget_s: float = 30.0
     policy_pauses: bool = True
     """Honour ``Redeliver(pause_s=...)``; the memory broker retries at once instead."""
+    replay_on_open: bool = False
+    """Replay the event store from the checkpoint's store position at every open, caught
+    up or not: RabbitMQ keeps no changelog, so a partition that was away may have been
+    applied by another worker meanwhile (live deliveries carrying their store position,
+    :data:`STORE_POSITION_HEADER`, keep that replay short)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TaskConfig:
@@ -105,6 +110,8 @@ class PartitionTask:
         self.processed = 0
         self.restored = 0
         self.replayed = 0
+        self._tracks = self.config.replay_on_open and agent.history is not None
+        """Live deliveries advance the checkpoint's store position (their header)."""
         self.history_next = 1
         """The next store position known here: ahead of the checkpoint when chunks had
         nothing for this partition (not worth a commit), or for a task without tables."""
@@ -223,7 +230,9 @@ class PartitionTask:
 
     async def _catch_up(self) -> None:
         tables = self.tables
-        if self.agent.history is None or tables is None or tables.checkpoint.caught_up:
+        if self.agent.history is None or tables is None:
+            return
+        if tables.checkpoint.caught_up and not self.config.replay_on_open:
             return
         if self.history is None:
             raise ConfigError(
@@ -293,7 +302,8 @@ class PartitionTask:
                 result = await self._run(chunk, self._decode, config.batch_budget_s)
                 if result.settled:
                     position = chunk[result.settled - 1].position + 1
-                    await self._commit_live(position, result.settled)
+                    stored = _store_position(chunk[: result.settled]) if self._tracks else None
+                    await self._commit_live(position, result.settled, stored)
                 if result.settled < len(chunk):
                     self._rewind(chunk[result.settled].position)
                     if result.redeliver:
@@ -335,9 +345,11 @@ class PartitionTask:
             self.metrics.parked(self.agent.name)
         return parked
 
-    async def _commit_live(self, position: int, settled: int) -> None:
+    async def _commit_live(self, position: int, settled: int, stored: int | None = None) -> None:
         tables = self.tables
         cp = tables.checkpoint.advanced(live=position) if tables is not None else Checkpoint()
+        if stored is not None and tables is not None and stored >= (cp.history or 1):
+            cp = cp.advanced(history=stored + 1)
         await self._commit(cp, position)
         self.next_position = position
         self.processed += settled
@@ -496,6 +508,22 @@ class PartitionTask:
 
 def _by_value(item: tuple[Outcome, int]) -> str:
     return item[0].value
+
+
+def _store_position(deliveries: Sequence[Delivery]) -> int | None:
+    """The highest event-store position the forwarder stamped on ``deliveries``."""
+    best: int | None = None
+    for delivery in deliveries:
+        for name, value in delivery.headers:
+            if name == STORE_POSITION_HEADER:
+                try:
+                    position = int(value)
+                except ValueError:
+                    break
+                if best is None or position > best:
+                    best = position
+                break
+    return best
 
 
 def decode_stored(delivery: Delivery) -> Event:

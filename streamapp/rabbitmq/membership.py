@@ -1,21 +1,63 @@
-"""Which partitions this worker consumes: the seam where the membership protocol plugs in.
+"""Which partitions this worker consumes: the membership protocol over RabbitMQ itself.
 
-Today :class:`StaticMembership` owns the partitions of setting ``amqp_partitions`` (all
-of them when empty: one worker), with single active consumer as the broker's safety net
-when two workers claim the same partition. The next step is a membership protocol over
-RabbitMQ itself (a heartbeat exchange, members agreeing on an assignment and
-rebalancing within seconds, see DESIGN.md "RabbitMQ: partitions and ownership"): it
-implements the same :class:`Membership` and calls the same callbacks on every change.
+Kafka's consumer group is the model; RabbitMQ has none, so workers of one app form one
+through the broker, with no extra service (prior art: Jack Vanlightly's Rebalanser).
+
+The protocol (:class:`RabbitMembership`):
+
+- **Heartbeats.** Every worker has an exclusive queue bound to the app's fanout exchange
+  ``{app}-members`` (made by ``streamapp topics create``) and publishes there, every
+  ``amqp_heartbeat_ms``, who it is, where its views answer and the partitions it *holds*
+  (a partition task is open: it may be consuming). A worker not heard from for
+  ``amqp_session_timeout_ms`` is gone; a clean leave says so at once.
+- **Assignment.** Every worker computes the same assignment from the members it hears:
+  sorted by id, partition ``p`` of every source topic goes to member ``p % n``
+  (co-partitioned topics stay together, as with Kafka's range assignor).
+- **Handover.** A worker *releases* a held partition that is no longer its own (the task
+  finishes its batch, commits and acks, the consumer is cancelled), then says so in a
+  heartbeat at once. It *takes* a partition assigned to it only when no other live member
+  holds it: the previous owner has stopped consuming, so the replay from the event store
+  that every open starts with (RabbitMQ keeps no changelog) sees every event the previous
+  owner applied, and the queue holds the rest.
+- **Disagreement.** Members that do not hear each other (a partition of the network, a
+  stalled process) may both hold a partition. Single active consumer is the safety net:
+  the broker delivers a queue to one consumer only, so one worker applies its events. When
+  a worker hears another holding a partition it holds, it releases it and counts a
+  *contest* of that partition in its heartbeats: a member that holds a partition someone
+  else contested since it last looked re-opens it (it may have been the idle one, its
+  state behind), once the other has let go. Every open replays the store first, so the
+  owner by the assignment ends with what the other applied meanwhile.
+- **Joining** waits ``2 x amqp_heartbeat_ms`` to hear the members before taking anything.
+
+:class:`StaticMembership` pins the partitions of setting ``amqp_partitions`` instead
+(no protocol: one worker per set, single active consumer still guarding).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Protocol
+
+import aio_pika
+import orjson
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractRobustConnection,
+)
 
 from ..app import App
 from ..errors import ConfigError
 from ..settings import Settings
+
+log = logging.getLogger("streamapp.rabbitmq.members")
 
 Partitions = list[tuple[str, int]]
 """(source topic, partition) pairs."""
@@ -33,7 +75,12 @@ class Membership(Protocol):
         any of them moves to another worker)."""
 
     async def stop(self) -> None:
-        """Leave (the partitions are released by the source)."""
+        """Leave: every held partition is revoked first."""
+
+    @property
+    def settled(self) -> bool:
+        """True when this worker holds exactly what the assignment gives it."""
+        ...
 
 
 class StaticMembership:
@@ -41,16 +88,284 @@ class StaticMembership:
 
     def __init__(self, app: App, settings: Settings) -> None:
         self.owned = _owned(app, settings.owned_partitions())
+        self._revoked: Callable[[Partitions], Awaitable[None]] | None = None
+
+    @property
+    def settled(self) -> bool:
+        return True
 
     async def start(
         self,
         assigned: Callable[[Partitions], None],
         revoked: Callable[[Partitions], Awaitable[None]],
     ) -> None:
+        self._revoked = revoked
         assigned(self.owned)
 
     async def stop(self) -> None:
-        pass
+        if self._revoked is not None:
+            await self._revoked(self.owned)
+
+
+def members_exchange(app: App) -> str:
+    """The fanout exchange the workers of ``app`` beat on."""
+    return app.members_topic
+
+
+@dataclass(slots=True)
+class _Member:
+    seen: float
+    url: str | None
+    held: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+    contested: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class RabbitMembership:
+    """One worker's part in its app's group, over the ``{app}-members`` exchange."""
+
+    def __init__(
+        self,
+        connection: AbstractRobustConnection,
+        app: App,
+        settings: Settings,
+        member_id: str,
+        url: Callable[[], str | None] = lambda: None,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.id, self.app, self._connection, self._url = member_id, app, connection, url
+        self._on_change = on_change
+        """Called after every rebalance (the source updates its readiness)."""
+        self.heartbeat_s = settings.amqp_heartbeat_ms / 1000
+        self.timeout_s = settings.amqp_session_timeout_ms / 1000
+        self._topics = sorted({(a.topic.name, a.topic.partitions) for a in app.agents.values()})
+        self.held: set[tuple[str, int]] = set()
+        self.contests: dict[tuple[str, int], int] = {}
+        """How often this member released a partition because another held it too."""
+        self._contests_seen: dict[tuple[str, str, int], int] = {}
+        """(member, topic, partition): the other members' contests already acted on."""
+        self.wanted: set[tuple[str, int]] = set()
+        self.others: dict[str, _Member] = {}
+        self._assigned: Callable[[Partitions], None] | None = None
+        self._revoked: Callable[[Partitions], Awaitable[None]] | None = None
+        self._channel: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+        self._kick = asyncio.Event()
+        self._lock = asyncio.Lock()
+        """Held by a rebalance: a stop waits for it rather than cutting a release short."""
+        self._joined = False
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self.generation = 0
+        """Changes of the member set seen (a rebalance counter, for status and tests)."""
+
+    @property
+    def settled(self) -> bool:
+        return self._joined and self.held == self.wanted
+
+    # Directory (views forward keys of other members' partitions to them) -------------
+    def owner_url(self, topic: str, partition: int) -> str | None:
+        now = time.monotonic()
+        for member in self.others.values():
+            if (topic, partition) in member.held and now - member.seen < self.timeout_s:
+                return member.url
+        return None
+
+    # lifecycle -------------------------------------------------------------------------
+    async def start(
+        self,
+        assigned: Callable[[Partitions], None],
+        revoked: Callable[[Partitions], Awaitable[None]],
+    ) -> None:
+        self._assigned, self._revoked = assigned, revoked
+        name = members_exchange(self.app)
+        channel = await self._connection.channel(publisher_confirms=False)
+        self._channel = channel
+        self._exchange = await channel.get_exchange(name, ensure=True)
+        queue = await channel.declare_queue(
+            f"{name}.{self.id}",
+            exclusive=True,
+            auto_delete=True,
+            arguments={"x-message-ttl": int(self.timeout_s * 1000)},
+        )
+        await queue.bind(self._exchange)
+        await queue.consume(self._on_message, no_ack=True)
+        await self._send()
+        self._tasks = [
+            asyncio.create_task(self._beat(), name=f"members-beat-{self.id}"),
+            asyncio.create_task(self._rebalancer(), name=f"members-rebalance-{self.id}"),
+        ]
+        await asyncio.sleep(2 * self.heartbeat_s)  # hear who is there before taking
+        self._joined = True
+        self._kick.set()
+        log.info("member %s joined %s (%d other member(s) heard)", self.id, name, len(self.others))
+
+    async def stop(self) -> None:
+        """Release every held partition, then say goodbye (others take over at once)."""
+        self._stopping = True
+        async with self._lock:  # a rebalance in hand finishes its releases first
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.held and self._revoked is not None:
+                held, self.held = sorted(self.held), set()
+                await self._revoked(held)
+        with contextlib.suppress(Exception):
+            await self._send(leaving=True)
+        if self._channel is not None and not self._channel.is_closed:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+
+    # heartbeats --------------------------------------------------------------------------
+    async def _send(self, *, leaving: bool = False) -> None:
+        exchange = self._exchange
+        if exchange is None:
+            return
+        body = orjson.dumps(
+            {
+                "member": self.id,
+                "url": self._url(),
+                "held": sorted(self.held),
+                "contested": [[t, p, n] for (t, p), n in sorted(self.contests.items())],
+                "leaving": leaving,
+            }
+        )
+        message = aio_pika.Message(
+            body, content_type="application/json", expiration=timedelta(seconds=self.timeout_s)
+        )
+        await exchange.publish(message, routing_key="", timeout=self.timeout_s)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        try:
+            beat = orjson.loads(message.body)
+            member, held = str(beat["member"]), beat.get("held") or []
+            heard = frozenset((str(t), int(p)) for t, p in held)
+            url, leaving = beat.get("url"), bool(beat.get("leaving"))
+            contested = {(str(t), int(p)): int(n) for t, p, n in beat.get("contested") or []}
+        except Exception as exc:
+            log.warning("ignoring a malformed heartbeat on %s: %r", members_exchange(self.app), exc)
+            return
+        self._heard(member, url, heard, leaving, contested)
+
+    def _heard(
+        self,
+        member: str,
+        url: str | None,
+        held: frozenset[tuple[str, int]],
+        leaving: bool,
+        contested: dict[tuple[str, int], int],
+    ) -> None:
+        if member == self.id:
+            return
+        known = self.others.get(member)
+        if leaving:
+            if self.others.pop(member, None) is not None:
+                log.info("member %s left", member)
+                self.generation += 1
+                self._kick.set()
+            return
+        if known is None:
+            log.info("member %s joined", member)
+            self.generation += 1
+        self.others[member] = _Member(time.monotonic(), url, held, contested)
+        if known is None or known.held != held or known.contested != contested:
+            self._kick.set()
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self._send()
+            except Exception as exc:  # the robust connection comes back; beats resume
+                log.info("heartbeat of %s not sent: %r", self.id, exc)
+            now = time.monotonic()
+            gone = [m for m, s in self.others.items() if now - s.seen >= self.timeout_s]
+            for member in gone:
+                log.warning(
+                    "member %s not heard for %.1fs (amqp_session_timeout_ms): gone",
+                    member,
+                    self.timeout_s,
+                )
+                del self.others[member]
+                self.generation += 1
+            if gone:
+                self._kick.set()
+
+    # rebalancing -------------------------------------------------------------------------
+    async def _rebalancer(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            try:
+                async with self._lock:
+                    if self._stopping:
+                        return
+                    if self._joined:
+                        await self._rebalance()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("rebalance of %s failed (%r); trying again", self.id, exc)
+                await asyncio.sleep(self.heartbeat_s)
+                self._kick.set()
+
+    async def _rebalance(self) -> None:
+        assert self._assigned is not None
+        assert self._revoked is not None
+        members = sorted([self.id, *self.others])
+        me, n = members.index(self.id), len(members)
+        self.wanted = {(t, p) for t, count in self._topics for p in range(count) if p % n == me}
+        taken: set[tuple[str, int]] = set()
+        reopen: set[tuple[str, int]] = set()
+        seen = self._contests_seen
+        for name, member in self.others.items():
+            taken |= member.held
+            for (t, p), n in member.contested.items():
+                if n > seen.get((name, t, p), 0):
+                    seen[(name, t, p)] = n
+                    if (t, p) in self.held:
+                        reopen.add((t, p))
+        conflicts = sorted(self.held & taken)
+        for partition in conflicts:
+            self.contests[partition] = self.contests.get(partition, 0) + 1
+        release = (self.held - self.wanted) | set(conflicts) | reopen
+        changed = False
+        if reopen:
+            log.warning(
+                "%s: another member contested %s, which this member holds: re-opening it "
+                "(its replay brings in what the other applied)",
+                self.id,
+                _names(sorted(reopen)),
+            )
+        if release:
+            if conflicts:
+                log.warning(
+                    "%s: another member holds %s too: releasing (single active consumer "
+                    "kept one of us applying); the assigned owner takes it again and replays",
+                    self.id,
+                    _names(conflicts),
+                )
+            self.held -= release
+            await self._revoked(sorted(release))
+            changed = True
+        take = self.wanted - self.held - taken
+        if take:
+            self.held |= take
+            self._assigned(sorted(take))
+            changed = True
+        self._on_change()
+        if changed:
+            await self._send()
+            log.info(
+                "member %s of %d holds %s (waiting for %s)",
+                self.id,
+                n,
+                _names(sorted(self.held)),
+                _names(sorted(self.wanted - self.held)) or "nothing",
+            )
+
+
+def _names(partitions: Iterable[tuple[str, int]]) -> str:
+    return " ".join(f"{t}[{p}]" for t, p in partitions)
 
 
 def _owned(app: App, wanted: Iterable[int] | None) -> Partitions:

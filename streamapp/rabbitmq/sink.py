@@ -84,30 +84,49 @@ class RabbitSink:
 
     async def publish_many(self, messages: Sequence[Message]) -> list[Receipt]:
         """Publish every message (all in flight on one channel, in order), then wait for
-        all confirms. The whole batch has ``timeout_s``; on any failure PublishError:
+        all confirms. The batch fails when no confirm comes for ``timeout_s`` (a stall,
+        however long the batch) or a message is returned or nacked: PublishError, and
         some may have been written (publish the batch again; duplicates possible)."""
         try:
             await asyncio.wait_for(self._ready(), self.timeout_s)
         except Exception as exc:
             raise PublishError(f"no RabbitMQ channel to publish on: {exc!r}") from exc
+        bound = self.timeout_s * (1 + len(messages) // 1000)  # each one's, from now
         sends = [
-            asyncio.ensure_future(self._send(m.topic, m.value, m.key, m.headers, None))
+            asyncio.ensure_future(self._send(m.topic, m.value, m.key, m.headers, None, bound))
             for m in messages
         ]
+        progress = asyncio.Event()
+        left = len(sends)
+        failed: list[asyncio.Future[int]] = []
+
+        def confirmed(send: asyncio.Future[int]) -> None:
+            nonlocal left
+            left -= 1
+            if send.cancelled() or send.exception() is not None:
+                failed.append(send)
+            progress.set()
+
+        for send in sends:
+            send.add_done_callback(confirmed)
         try:
-            async with asyncio.timeout(self.timeout_s):
-                partitions = await asyncio.gather(*sends)
-        except Exception as exc:
+            while left and not failed:
+                progress.clear()
+                async with asyncio.timeout(self.timeout_s):
+                    await progress.wait()
+            if failed:
+                failed[0].result()  # raises the first failure
+        except BaseException as exc:
             for send in sends:
                 send.cancel()
             await asyncio.gather(*sends, return_exceptions=True)
-            if isinstance(exc, PublishError):
+            if isinstance(exc, PublishError | asyncio.CancelledError):
                 raise
             raise PublishError(
-                f"batch of {len(messages)} messages not confirmed within {self.timeout_s:.0f}s "
-                f"(setting publish_timeout_s): {exc!r}"
+                f"batch of {len(messages)} messages: {left} not confirmed, none for "
+                f"{self.timeout_s:.0f}s (setting publish_timeout_s): {exc!r}"
             ) from exc
-        return [Receipt(m.topic, p) for m, p in zip(messages, partitions, strict=True)]
+        return [Receipt(m.topic, s.result()) for m, s in zip(messages, sends, strict=True)]
 
     async def _send(
         self,
@@ -116,6 +135,7 @@ class RabbitSink:
         key: bytes | None,
         headers: Sequence[tuple[str, bytes]],
         partition: int | None,
+        timeout_s: float | None = None,
     ) -> int:
         routing = self._route(topic, key, partition)
         try:
@@ -124,7 +144,7 @@ class RabbitSink:
                 to_message(value, key, headers),
                 str(routing),
                 mandatory=True,
-                timeout=self.timeout_s,
+                timeout=timeout_s or self.timeout_s,
             )
         except (PublishError, asyncio.CancelledError):
             raise

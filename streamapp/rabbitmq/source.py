@@ -1,17 +1,23 @@
 """RabbitMQ source: consumes the partition queues this worker owns, one task each.
 
 At start it checks the topology (passive declares: a missing exchange or queue is named,
-with the command that makes it), then asks its :class:`Membership` which partitions it
-owns and starts a :class:`~streamapp.engine.task.PartitionTask` per partition over a
+with the command that makes it), then joins the app's group (:mod:`.membership`: the
+protocol over RabbitMQ, or the partitions pinned by setting ``amqp_partitions``) and
+starts a :class:`~streamapp.engine.task.PartitionTask` per partition it takes, over a
 :class:`RabbitPartitionPort`. There is no changelog on RabbitMQ: a partition's state is
-its local store, rebuilt by the event-store replay (the agent's
-``history=FromEventStore()``); a partition with neither is refused, never started empty.
+its local store, brought up to date at every open by the event-store replay from the
+checkpoint's store position (the agent's ``history=FromEventStore()``), so a partition
+that was applied elsewhere meanwhile is exact before its first live message; a
+partition with neither local state nor history is refused, never started empty.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from aio_pika.abc import AbstractRobustConnection
@@ -27,7 +33,7 @@ from ..settings import Settings
 from ..tables.store import RocksStore, Store
 from . import codec
 from .connection import connect
-from .membership import Membership, Partitions, StaticMembership
+from .membership import Membership, Partitions, RabbitMembership, StaticMembership
 from .port import RabbitPartitionPort
 from .sink import RabbitSink
 from .topology import check_topology, queue_name
@@ -49,11 +55,15 @@ class RabbitSource:
         sink: RabbitSink,
         app_ref: str,
         history: HistoryFeed | None = None,
-        membership: Membership | None = None,
+        *,
+        member_id: str = "",
+        views_url: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
         self.history = history
-        self.membership = membership or StaticMembership(app, settings)
+        self.member_id = member_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._views_url = views_url
+        self.membership: Membership | None = None
         self.assignment = Assignment(app)
         self.ports: dict[tuple[str, int], RabbitPartitionPort] = {}
         self._agents = {a.topic.name: a for a in app.agents.values()}
@@ -62,6 +72,7 @@ class RabbitSource:
             batch_budget_s=settings.batch_budget_ms / 1000,
             redeliver_pause_s=settings.poll_timeout_ms / 1000,
             close_budget_s=settings.rebalance_timeout_ms / 2000,
+            replay_on_open=True,
         )
         self._connection: AbstractRobustConnection | None = None
         self._failed: asyncio.Future[None] | None = None
@@ -71,12 +82,32 @@ class RabbitSource:
         self._failed = asyncio.get_running_loop().create_future()
         self._connection = await connect(self.settings, "RabbitMQ source")
         await check_topology(self._connection, self.app, self.app_ref)
+        if self.settings.owned_partitions() is not None:
+            self.membership = StaticMembership(self.app, self.settings)
+        else:
+            group = RabbitMembership(
+                self._connection,
+                self.app,
+                self.settings,
+                self.member_id,
+                self._views_url,
+                on_change=self._settled,
+            )
+            self.assignment.directory = group
+            self.membership = group
         await self.membership.start(self._acquire, self._release)
-        self.assignment.rebalancing = False
+        self._settled()
+
+    def _settled(self) -> None:
+        membership = self.membership
+        self.assignment.rebalancing = membership is None or not membership.settled
 
     async def stop(self) -> None:
-        """Finish batches in hand (they commit and ack), then close channels."""
-        await self.membership.stop()
+        """Leave the group: batches in hand finish (they commit and ack), then channels
+        close; what was not acked goes back to the queues."""
+        self.assignment.rebalancing = True
+        if self.membership is not None:
+            await self.membership.stop()
         await self._release(list(self.assignment.tasks))
         if self._connection is not None:
             await self._connection.close()
@@ -100,6 +131,7 @@ class RabbitSource:
             task = self._task(agent, p)
             self.assignment.tasks[(topic, p)] = task
             task.start()
+        self._settled()
 
     def _task(self, agent: Agent, p: int) -> PartitionTask:
         settings, topic = self.settings, agent.topic.name
@@ -155,3 +187,4 @@ class RabbitSource:
             finally:
                 if port is not None:
                     await port.close()
+        self._settled()

@@ -14,6 +14,9 @@ transport must agree on it (see PITFALLS.md). The routing key is the partition n
 Classic queues: quorum queues on RabbitMQ 4 drop a message after 20 redeliveries unless
 declared with ``x-delivery-limit`` (PITFALLS.md); a quorum option must declare it.
 
+The app's workers form their group over the durable fanout exchange ``{app}-members``
+(:mod:`.membership`), made here too.
+
 Only ``streamapp topics create`` declares; a worker checks with passive declares and
 names what is missing and the command that makes it.
 """
@@ -30,6 +33,7 @@ from ..app import App, TopicPlan
 from ..errors import ConfigError, MissingTopicError
 from ..settings import Settings
 from .connection import connect
+from .membership import members_exchange
 
 log = logging.getLogger("streamapp.rabbitmq")
 
@@ -68,6 +72,13 @@ async def create_topology(app: App, settings: Settings) -> list[str]:
             await channel.close()
             created.append(plan.name)
             log.info("declared exchange %s and %d queues", plan.name, plan.partitions)
+        members = members_exchange(app)
+        if not await _exists(connection, exchange=members):
+            channel = await connection.channel()
+            await channel.declare_exchange(members, ExchangeType.FANOUT, durable=True)
+            await channel.close()
+            created.append(members)
+            log.info("declared the group's exchange %s", members)
     finally:
         await connection.close()
     return created
@@ -77,6 +88,9 @@ async def check_topology(connection: AbstractConnection, app: App, app_ref: str)
     """Raise MissingTopicError naming every missing exchange or queue, ConfigError when a
     topic has more partition queues than the app declares."""
     missing: list[str] = []
+    members = members_exchange(app)
+    if not await _exists(connection, exchange=members):
+        missing.append(f"exchange {members}")
     for plan in plans(app):
         missing += await _missing(connection, plan)
         extra = queue_name(plan.name, plan.partitions)

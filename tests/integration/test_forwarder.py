@@ -221,18 +221,21 @@ async def test_two_forwarders_one_publishes_the_other_takes_over(
     url = f"sqlite:///{db}"
     n = 8000
     await append_at_rate(url, 100, rate=1e9)
-    appending = asyncio.create_task(append_at_rate(url, n - 100, rate=2000))
     a = Forwarder(kafka_bootstrap, ns, url, tmp_path / "a.log").start("--chunk", "100")
     b = Forwarder(kafka_bootstrap, ns, url, tmp_path / "b.log")
+    appending: asyncio.Task[None] | None = None
     try:
         await a.wait_log("holds the forwarder lock")
         b.start("--chunk", "100")
         assert a.proc is not None
         await b.wait_log(f"is held by forwarder {ns}fwd pid {a.proc.pid}")
+        # the load starts once both run (a slow start must not let a publish it all)
+        appending = asyncio.create_task(append_at_rate(url, n - 100, rate=2000))
         await a.wait_log("published positions")
         await asyncio.sleep(1.0)
         assert "published positions" not in b.log(), "two forwarders published at once"
         assert "holds the forwarder lock" not in b.log()
+        assert not appending.done(), "the load ended before the kill"
         a.kill()
         killed_at = time.monotonic()
         await b.wait_log("holds the forwarder lock", within_s=10)
@@ -242,7 +245,8 @@ async def test_two_forwarders_one_publishes_the_other_takes_over(
         await wait_checkpoint(db, f"{ns}fwd", n + 1, within_s=60)
         assert b.stop() == 0
     finally:
-        appending.cancel()
+        if appending is not None:
+            appending.cancel()
         for f in (a, b):
             if f.proc is not None and f.proc.poll() is None:
                 f.kill()

@@ -115,6 +115,7 @@ async def test_topics_create_makes_the_topology_and_a_worker_names_what_is_missi
     assert f"{ns}orders\t8 partitions\tsource\tcreated" in out
     assert f"{ns}orders.parked\t8 partitions\tparking\tcreated" in out
     assert "changelog" not in out  # no changelogs on RabbitMQ
+    assert f"{ns}orders-members\tfanout exchange\tgroup membership\tcreated" in out
     for p in range(8):
         assert await exists(amqp, f"{ns}orders.{p}")
         assert await exists(amqp, f"{ns}orders.parked.{p}")
@@ -148,7 +149,7 @@ async def test_unroutable_publish_fails_routed_one_is_confirmed_and_persistent(
     ns = f"rs{uuid.uuid4().hex[:6]}-"
     app = tiny_app(ns, amqp)
     settings = app.settings()
-    assert await create_topology(app, settings) == [f"{ns}in"]
+    assert await create_topology(app, settings) == [f"{ns}in", f"{ns}tiny-members"]
     sink = RabbitSink(settings, {f"{ns}in": 4, f"{ns}nowhere": 4})
     await sink.start()
     try:

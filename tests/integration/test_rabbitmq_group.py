@@ -1,0 +1,445 @@
+"""RabbitMQ workers as a group: partitions shared, moved and kept exact on a real broker.
+
+The membership protocol (``streamapp/rabbitmq/membership.py``) hands partitions between
+workers; single active consumer guards a partition when members disagree. Nothing is
+mocked: the broker is the session's RabbitMQ, the store a SQLite file; the disagreement
+is made by silencing one in-process member's heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamapp import App, Event, FromEventStore, Table, TableView
+from streamapp.rabbitmq.membership import RabbitMembership
+from streamapp.rabbitmq.source import RabbitSource
+from streamapp.rabbitmq.topology import create_topology
+from streamapp.worker import Worker
+from tests.conftest import Services
+
+from .harness import (
+    ROOT,
+    StreamappProc,
+    WorkerProc,
+    append_to_store,
+    assert_exact,
+    order_events,
+    read_table,
+    wait_ready,
+)
+from .test_rabbitmq import depth, rabbit_env, topics_create
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTITIONS = 4
+
+
+@pytest.fixture
+def amqp(services: Services) -> str:
+    return services.amqp
+
+
+# --- in-process members -------------------------------------------------------------------
+
+
+Calls = list[tuple[str, str]]
+"""(member, event id) of every handler call."""
+
+
+def group_app(ns: str, amqp: str, store: str, data: Path, name: str, calls: Calls) -> App:
+    app = App(
+        f"{ns}app",
+        broker="rabbitmq",
+        amqp_url=amqp,
+        event_store=store,
+        data_dir=data,
+        web_port=0,
+        poll_timeout_ms=200,
+        amqp_heartbeat_ms=200,
+        amqp_session_timeout_ms=1200,
+    )
+    counts: Table[dict[str, Any]] = Table("counts")
+
+    @app.agent(
+        app.topic(f"{ns}in", partitions=PARTITIONS), tables=[counts], history=FromEventStore()
+    )
+    async def count(event: Event, view: TableView[dict[str, Any]]) -> None:
+        calls.append((name, event.id))
+        key = event.stream_id
+        assert key is not None
+        old = view.get(key) or {"n": 0}
+        view[key] = {"n": old["n"] + 1, "last": event.data["i"]}
+
+    return app
+
+
+class Member:
+    """One in-process worker of the group, with its own data directory and id."""
+
+    def __init__(self, ns: str, amqp: str, tmp: Path, name: str, calls: Calls) -> None:
+        self.name = name
+        store = f"sqlite:///{tmp / 'events.db'}"
+        self.app = group_app(ns, amqp, store, tmp / name, name, calls)
+        self.worker = Worker(self.app, self.app.settings())
+        self.worker.id = name
+
+    async def start(self) -> None:
+        await self.worker.start()
+
+    async def stop(self) -> None:
+        await self.worker.stop()
+
+    @property
+    def source(self) -> RabbitSource:
+        source = self.worker.source
+        assert isinstance(source, RabbitSource)
+        return source
+
+    @property
+    def group(self) -> RabbitMembership:
+        membership = self.source.membership
+        assert isinstance(membership, RabbitMembership)
+        return membership
+
+    def owned(self) -> set[int]:
+        return {
+            p for (_, p), task in self.source.assignment.tasks.items() if task.phase.value == "live"
+        }
+
+    def value(self, key: str) -> Any:
+        """``key``'s committed value in this member's store, when it owns its partition."""
+        _, task = self.source.assignment.owner_of("counts", key)
+        if task is None or task.tables is None:
+            return None
+        return task.tables.view("counts").get(key)
+
+
+async def until(check: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {within_s}s: {what}"
+        await asyncio.sleep(0.1)
+
+
+def events(n: int, keys: int, start: int = 0) -> list[Event]:
+    return [
+        Event.create("t", stream_id=f"k{(start + i) % keys}", source="tests", data={"i": start + i})
+        for i in range(n)
+    ]
+
+
+async def run_forwarder(app: App) -> asyncio.Task[None]:
+    """The store's forwarder, in-process, publishing to the app's topic."""
+    from streamapp.cli import _sink_of
+    from streamapp.eventstore import open_store
+    from streamapp.forwarder import Forwarder, forwarded_topics
+
+    settings = app.settings()
+    es = await open_store(settings.event_store)
+    make_sink, encode = _sink_of(app, settings)
+    forwarder = Forwarder(
+        es,
+        make_sink,
+        forwarded_topics(app, settings),
+        name="fwd",
+        encode=encode,
+        chunk=200,
+        poll_interval_s=0.1,
+    )
+
+    async def run() -> None:
+        try:
+            await forwarder.run()
+        finally:
+            await es.close()
+
+    return asyncio.create_task(run())
+
+
+def expected_counts(evs: list[Event]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for e in evs:
+        key = e.stream_id
+        assert key is not None
+        out[key] = {"n": out.get(key, {"n": 0})["n"] + 1, "last": e.data["i"]}
+    return out
+
+
+async def test_a_partition_that_comes_back_replays_what_another_member_applied(
+    amqp: str, tmp_path: Path
+) -> None:
+    """A applies alone; B joins and applies half the keys; B leaves; A's state for B's
+    partitions is stale unless its open replays the store: every key must be exact."""
+    ns = f"gb{uuid.uuid4().hex[:6]}-"
+    calls: Calls = []
+    a = Member(ns, amqp, tmp_path, "a", calls)
+    await create_topology(a.app, a.app.settings())
+    store = a.app.settings().event_store
+    fwd = await run_forwarder(a.app)
+    b = Member(ns, amqp, tmp_path, "b", calls)
+    try:
+        await a.start()
+        await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+        first, second, third = events(400, 40), events(400, 40, 400), events(400, 40, 800)
+        await append_to_store(store, first)
+        await until(lambda: len(calls) >= 400, 30, "a applied the first events")
+        await b.start()  # 1 -> 2: half the partitions move to b
+        await until(
+            lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
+            20,
+            "the partitions are shared",
+        )
+        await append_to_store(store, second)
+        await until(
+            lambda: all(
+                (a.value(k) or b.value(k) or {}).get("n") == 20 for k in expected_counts(first)
+            ),
+            30,
+            "the second events applied",
+        )
+        by_b = {eid for who, eid in calls if who == "b"}
+        assert {e.id for e in second} & by_b  # b applied some live events itself
+        await b.stop()  # 2 -> 1: b's partitions come back to a, which had old state
+        await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all again")
+        await append_to_store(store, third)
+        expected = expected_counts(first + second + third)
+        await until(lambda: all(a.value(k) == v for k, v in expected.items()), 30, "a exact")
+    finally:
+        fwd.cancel()
+        await asyncio.gather(fwd, return_exceptions=True)
+        for m in (b, a):
+            if m.worker.source is not None:
+                await m.stop()
+
+
+async def test_members_that_disagree_apply_each_event_once(amqp: str, tmp_path: Path) -> None:
+    """A hears nobody and says nothing (a partitioned member): B takes every partition
+    too. Single active consumer delivers each queue to A only, so each live event is
+    applied by one member; once A is heard again the members agree and stay exact."""
+    ns = f"gd{uuid.uuid4().hex[:6]}-"
+    calls: Calls = []
+    a, b = Member(ns, amqp, tmp_path, "a", calls), Member(ns, amqp, tmp_path, "b", calls)
+    await create_topology(a.app, a.app.settings())
+    store = a.app.settings().event_store
+    fwd = await run_forwarder(a.app)
+    try:
+        await a.start()
+        await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+        group = a.group
+        heard, send = group._heard, group._send
+
+        async def mute(*, leaving: bool = False) -> None:
+            return None
+
+        group._heard = lambda *args: None  # type: ignore[method-assign]
+        group._send = mute  # type: ignore[method-assign]
+        await b.start()
+        await until(lambda: b.owned() == set(range(PARTITIONS)), 20, "b takes all too")
+        assert a.owned() == set(range(PARTITIONS))  # both hold every partition
+        window = events(600, 30)
+        calls.clear()
+        await append_to_store(store, window)
+        await until(lambda: len({eid for _, eid in calls}) >= 600, 30, "the window applied")
+        await asyncio.sleep(1.0)  # anything doubly applied would show by now
+        appliers: dict[str, set[str]] = {}
+        for who, eid in calls:
+            appliers.setdefault(eid, set()).add(who)
+        assert all(who == {"a"} for who in appliers.values()), appliers  # SAC: a only
+        assert len(calls) == 600  # and once each
+
+        group._heard, group._send = heard, send  # type: ignore[method-assign]
+        await until(
+            lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
+            30,
+            "the members agree again",
+        )
+        after = events(300, 30, 600)
+        await append_to_store(store, after)
+        expected = expected_counts(window + after)
+        await until(
+            lambda: all((a.value(k) or b.value(k)) == v for k, v in expected.items()),
+            30,
+            "exact after the disagreement",
+        )
+    finally:
+        fwd.cancel()
+        await asyncio.gather(fwd, return_exceptions=True)
+        for m in (b, a):
+            if m.worker.source is not None:
+                await m.stop()
+
+
+# --- the reference app, as processes --------------------------------------------------------
+
+
+async def _append_slowly(store: str, evs: list[Event], chunk: int, pause_s: float) -> None:
+    for i in range(0, len(evs), chunk):
+        await append_to_store(store, evs[i : i + chunk])
+        await asyncio.sleep(pause_s)
+
+
+async def _forwarded(store: str, name: str) -> int:
+    """The forwarder's next store position (its checkpoint, in the store's database)."""
+    from streamapp.eventstore import open_store
+
+    es = await open_store(store)
+    try:
+        return await es.forwarder_state(name).load()
+    finally:
+        await es.close()
+
+
+async def _drained(amqp: str, ns: str, store: str, total: int, within_s: float) -> None:
+    """Until the forwarder published all ``total`` events and the queues are empty."""
+    deadline = time.monotonic() + within_s
+    while await _forwarded(store, f"{ns}orders") <= total:
+        assert time.monotonic() < deadline, "the forwarder did not publish everything"
+        await asyncio.sleep(1.0)
+    while sum([await depth(amqp, f"{ns}orders.{p}") for p in range(8)]):
+        assert time.monotonic() < deadline, "queues not drained"
+        await asyncio.sleep(0.5)
+
+
+async def _read_exact(workers: list[WorkerProc], expected: dict[str, tuple[int, str]]) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        table = await read_table(workers, "order_status", sorted(expected))
+        try:
+            assert_exact(table, expected)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
+
+
+async def test_orders_100k_via_forwarder_while_workers_go_2_3_1_with_3_sigkills(
+    amqp: str, tmp_path: Path
+) -> None:
+    ns = f"rg{uuid.uuid4().hex[:6]}-"
+    store = f"sqlite:///{tmp_path / 'events.db'}"
+    env = rabbit_env(
+        amqp,
+        STREAMAPP_EVENT_STORE=store,
+        STREAMAPP_POLL_TIMEOUT_MS="200",
+        STREAMAPP_AMQP_HEARTBEAT_MS="300",
+        STREAMAPP_AMQP_SESSION_TIMEOUT_MS="2000",
+    )
+    topics_create(ns, env)
+    evs, expected = order_events(1000, 100_000)
+
+    def worker(name: str) -> WorkerProc:
+        return WorkerProc(
+            "127.0.0.1:1", ns, tmp_path / name, tmp_path / f"{name}.log", extra_env=dict(env)
+        )
+
+    forwarder = StreamappProc(
+        ("forward", "-A", "agents.orders:app", "--chunk", "1000"),
+        "127.0.0.1:1",
+        ns,
+        tmp_path / "fwd.log",
+        extra_env=env,
+    ).start()
+    w1, w2, w3 = worker("w1").start(), worker("w2").start(), worker("w3")
+    procs = [w1, w2, w3]
+    try:
+        await wait_ready(w1)
+        await wait_ready(w2)
+        appending = asyncio.create_task(_append_slowly(store, evs, 2000, 0.25))
+
+        async def kill(w: WorkerProc) -> None:
+            forwarded = await _forwarded(store, f"{ns}orders")
+            assert forwarded <= len(evs), "the load ended before the kill"
+            w.kill()
+
+        await asyncio.sleep(2)
+        await kill(w1)  # SIGKILL 1, and back with its (now stale) state
+        w1.start()
+        await asyncio.sleep(2)
+        w3.start()  # 2 -> 3
+        await asyncio.sleep(3)
+        await kill(w2)  # SIGKILL 2, and back
+        w2.start()
+        await asyncio.sleep(3)
+        await kill(w3)  # SIGKILL 3: 3 -> 2
+        await wait_ready(w2, 90)  # restarted and in the group
+        assert w2.stop() == 0  # 2 -> 1, a clean leave
+        await appending
+        await _drained(amqp, ns, store, len(evs), 400)
+        status = await wait_ready(w1, 90)
+        assert len(status["partitions"]) == 8  # the last worker owns every partition
+        await _read_exact([w1], expected)
+        assert w1.stop() == 0
+        assert sum([await depth(amqp, f"{ns}orders.{p}") for p in range(8)]) == 0
+        for w in procs:
+            assert "Traceback" not in w.log_text(), w.log_text()[-3000:]
+    finally:
+        forwarder.kill()
+        for w in procs:
+            if w.alive:
+                w.kill()
+
+
+def _rabbitmq(action: str) -> None:
+    subprocess.run(
+        [str(ROOT / "scripts" / "services"), action, "rabbitmq"],
+        check=True,
+        capture_output=True,
+        timeout=240,
+    )
+
+
+async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_path: Path) -> None:
+    if services.how != "scripts/services":
+        pytest.skip("restarts the broker of scripts/services only")
+    amqp = services.amqp
+    ns = f"rr{uuid.uuid4().hex[:6]}-"
+    store = f"sqlite:///{tmp_path / 'events.db'}"
+    env = rabbit_env(amqp, STREAMAPP_EVENT_STORE=store, STREAMAPP_POLL_TIMEOUT_MS="200")
+    topics_create(ns, env)
+    evs, expected = order_events(300, 20_000)
+    forwarder = StreamappProc(
+        ("forward", "-A", "agents.orders:app", "--chunk", "500"),
+        "127.0.0.1:1",
+        ns,
+        tmp_path / "fwd.log",
+        extra_env=env,
+    ).start()
+    workers = [
+        WorkerProc(
+            "127.0.0.1:1", ns, tmp_path / n, tmp_path / f"{n}.log", extra_env=dict(env)
+        ).start()
+        for n in ("w1", "w2")
+    ]
+    try:
+        for w in workers:
+            await wait_ready(w)
+        appending = asyncio.create_task(_append_slowly(store, evs, 1000, 0.2))
+        await asyncio.sleep(1.5)
+        try:
+            _rabbitmq("down")  # mid-stream
+            await asyncio.sleep(3)
+            assert all(w.alive for w in workers)  # they wait for the broker
+            assert forwarder.alive
+        finally:
+            _rabbitmq("up")
+        await appending
+        await _drained(amqp, ns, store, len(evs), 300)
+        for w in workers:
+            await wait_ready(w, 90)
+        await _read_exact(workers, expected)
+        for w in workers:
+            assert w.stop() == 0
+    finally:
+        forwarder.kill()
+        for w in workers:
+            if w.alive:
+                w.kill()
