@@ -43,12 +43,15 @@ class Redeliver:
     ``pause_s`` (default: the poll timeout); each further failure of the same delivery
     doubles it, up to setting ``redeliver_backoff_max_ms``.
 
-    ``max_attempts`` bounds the handler calls of one delivery (the first one included);
-    None, the default, retries without end. Once they are spent, ``fallback`` (any
+    ``max_attempts`` bounds the attempts of one delivery, the first one included (a
+    handler that raised, or a record that does not decode); None, the default, retries
+    without end. Once they are spent, ``fallback`` (any
     policy but Redeliver, e.g. ``Park(destination)``) applies, with the reason
     ``gave up after N attempts: <error>``. Attempts are counted by the partition task
     per delivery position, from the first failure until the delivery settles; a
-    partition that moves to another worker (or restarts) counts again from zero.
+    partition that moves to another worker (or restarts, or a RabbitMQ reconnect that
+    renumbers its deliveries) counts again from zero. Events replayed from the event
+    store follow the same pauses and bound.
     """
 
     pause_s: float | None = None

@@ -3,8 +3,9 @@
 A partition handles its deliveries in order, so at most one of them is failing at a time:
 the one at the position where the last batch stopped. The task counts its failed
 attempts here (per delivery position, in memory: a partition that moves or restarts
-counts again), forgets them once the delivery settles, and asks for the pause before
-the next attempt: the first pause, doubled per failure up to the cap.
+counts again, and so does a RabbitMQ delivery renumbered by a reconnect), forgets them
+once the delivery settles, and asks for the pause before the next attempt: the first
+pause, doubled per failure up to the cap.
 """
 
 from __future__ import annotations
