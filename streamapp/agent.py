@@ -19,7 +19,7 @@ from .errors import DecodeError
 from .events import Event
 from .history import History
 from .logs import Gate
-from .outcomes import FailurePolicy, Outcome, Park, Redeliver
+from .outcomes import FailurePolicy, Outcome, Park, Redeliver, check_policy
 from .tables.partition import PartitionTables
 from .tables.table import Table
 
@@ -53,6 +53,9 @@ class Agent:
     on_failure: FailurePolicy = field(default_factory=Redeliver)
     history: History | None = None
     """Replayed into the tables on assignment, before live deliveries (catch-up)."""
+
+    def __post_init__(self) -> None:
+        check_policy(self.on_failure, self.name)
 
     async def __call__(self, event: Event, *views: Any) -> None:
         """Call the handler directly (handy in unit tests)."""
@@ -139,12 +142,16 @@ async def run_batch(
     decode: Decoder,
     park: Parker,
     budget_s: float,
+    *,
+    failed_before: Callable[[Delivery], int] = lambda record: 0,
 ) -> BatchResult:
     """Run ``records`` (one partition, in order) through ``agent``.
 
     Stops at the first failure that the policy does not settle (REDELIVER, or a park
     that was not confirmed), or when ``budget_s`` is spent, so the caller can flush the
-    settled prefix and seek back to the rest.
+    settled prefix and seek back to the rest. ``failed_before`` tells how many attempts
+    of a record failed already: once a bounded Redeliver's attempts are spent, its
+    fallback applies instead.
     """
     now = time.monotonic()
     deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
@@ -165,11 +172,15 @@ async def run_batch(
         counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
         if handled.outcome.settles:
             continue
-        policy = agent.on_failure
-        if isinstance(policy, Park) and await park(record, handled.reason):
+        policy: FailurePolicy = agent.on_failure
+        reason, attempt = handled.reason, failed_before(record) + 1
+        if isinstance(policy, Redeliver) and policy.spent(attempt) and policy.fallback:
+            policy, reason = policy.fallback, f"gave up after {attempt} attempts: {reason}"
+        if isinstance(policy, Park) and await park(record, reason):
             _log_failure(agent, record, handled, "parked", logging.DEBUG)
             continue
-        _log_failure(agent, record, handled, "will redeliver", logging.WARNING)
+        then = f"will redeliver (attempt {attempt}{_of(agent.on_failure)})"
+        _log_failure(agent, record, handled, then, logging.WARNING)
         return BatchResult(i, failure=handled, counts=_counts(counts, delivered))
     return BatchResult(len(records), counts=_counts(counts, delivered))
 
@@ -195,6 +206,11 @@ def _log_failure(agent: Agent, record: Delivery, handled: Handled, then: str, le
         then,
         exc_info=error if traceback else None,
     )
+
+
+def _of(policy: FailurePolicy) -> str:
+    bound = policy.max_attempts if isinstance(policy, Redeliver) else None
+    return "" if bound is None else f" of {bound}"
 
 
 def _counts(counts: dict[Outcome, int], delivered: int) -> dict[Outcome, int]:

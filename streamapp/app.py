@@ -14,7 +14,7 @@ from .agent import Agent, Handler, TopicSpec
 from .errors import ConfigError
 from .events import Event
 from .history import History
-from .outcomes import FailurePolicy, Park, Redeliver
+from .outcomes import FailurePolicy, Redeliver, parking
 from .settings import Settings
 from .tables.changelog import changelog_topic
 from .tables.table import Table
@@ -120,8 +120,9 @@ class App:
                 plan[changelog] = TopicPlan(
                     changelog, src.partitions, compacted=True, role="changelog"
                 )
-            if isinstance(agent.on_failure, Park):
-                dest = agent.on_failure.destination
+            park = parking(agent.on_failure)
+            if park is not None:
+                dest = park.destination
                 plan.setdefault(dest, TopicPlan(dest, src.partitions, role="parking"))
         if plan:
             members = self.members_topic

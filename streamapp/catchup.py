@@ -32,7 +32,6 @@ from .engine.pace import Pace, pause
 from .engine.phase import Phase
 from .engine.task import PartitionTask
 from .eventstore.base import EventStoreBackend, StoredEvent
-from .outcomes import Redeliver
 from .partitioner import partition_for
 
 log = logging.getLogger("streamapp.catchup")
@@ -49,10 +48,8 @@ class StoreFeed:
         *,
         chunk: int = 10_000,
         poll_s: float = 0.5,
-        redeliver_pause_s: float = 0.5,
     ) -> None:
         self.store, self.chunk, self.poll_s = store, chunk, poll_s
-        self.redeliver_pause_s = redeliver_pause_s
         self.head = 0
         """The store's head as last seen."""
         self._waiting: dict[PartitionTask, asyncio.Future[None]] = {}
@@ -151,7 +148,7 @@ class StoreFeed:
                         self._caught_up(task)
             now = time.monotonic()
             for task in failed:  # an event failed under Redeliver: that partition waits
-                self._retry_at[task] = now + self._redeliver_pause(task)
+                self._retry_at[task] = now + task.attempts.pause_s()
             if at_head and (not rows or failed):
                 await pause(self._stop, self.poll_s)
         _discard(prefetch)
@@ -159,12 +156,6 @@ class StoreFeed:
     async def _read(self, start: int) -> list[StoredEvent]:
         self.reads += 1
         return await self.store.read_all(start, self.chunk)
-
-    def _redeliver_pause(self, task: PartitionTask) -> float:
-        policy = task.agent.on_failure
-        if isinstance(policy, Redeliver) and policy.pause_s is not None:
-            return policy.pause_s
-        return self.redeliver_pause_s
 
     def _members(self) -> list[PartitionTask]:
         """The tasks to feed now: catching up or following, and not waiting to retry."""

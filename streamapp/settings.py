@@ -68,6 +68,10 @@ class Settings:
     auto_offset_reset: str = "earliest"
     enable_auto_commit: bool = False
     poll_timeout_ms: int = 500
+    redeliver_backoff_max_ms: int = 30_000
+    """The longest pause before a redelivery: under Redeliver, the pauses before the
+    attempts of one failing delivery double from the first (``Redeliver.pause_s``,
+    default ``poll_timeout_ms``) up to this (a longer first pause is kept)."""
     max_batch_records: int = 2000
     batch_budget_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
@@ -164,6 +168,7 @@ class Settings:
             raise bad("web_port", "must be a TCP port (0 picks a free one)")
         for name in (
             "poll_timeout_ms",
+            "redeliver_backoff_max_ms",
             "max_batch_records",
             "batch_budget_ms",
             "max_poll_interval_ms",

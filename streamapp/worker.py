@@ -73,11 +73,7 @@ class Worker:
         settings, app = self.settings, self.app
         if self.needs_store:
             self.store = await open_store(settings.event_store)
-            self.feed = StoreFeed(
-                self.store,
-                poll_s=settings.poll_timeout_ms / 1000,
-                redeliver_pause_s=settings.poll_timeout_ms / 1000,
-            )
+            self.feed = StoreFeed(self.store, poll_s=settings.poll_timeout_ms / 1000)
         if settings.broker == "rabbitmq":
             from .rabbitmq.sink import RabbitSink
             from .rabbitmq.source import RabbitSource

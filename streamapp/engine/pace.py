@@ -19,6 +19,14 @@ class Pace:
         self.delay = min(self.delay * 2, self.max_s)
 
 
+def doubled(first_s: float, max_s: float, n: int) -> float:
+    """The ``n``-th wait (1-based) of waits doubling from ``first_s`` up to ``max_s``; a
+    ``first_s`` above ``max_s`` is kept, never shortened."""
+    if n <= 1 or first_s <= 0:
+        return max(first_s, 0.0)
+    return max(first_s, min(first_s * 2.0 ** min(n - 1, 64), max_s))
+
+
 async def pause(stop: asyncio.Event, seconds: float) -> None:
     """Sleep ``seconds``, or less when ``stop`` is set meanwhile."""
     if seconds <= 0 or stop.is_set():

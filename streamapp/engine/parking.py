@@ -1,4 +1,5 @@
-"""Parking: a failed delivery is published, with its reason, to the policy's destination.
+"""Parking: a failed delivery is published, with its reason, to the policy's destination
+(``Park``, or the ``Park`` fallback of a bounded ``Redeliver``).
 
 The original counts as settled only once the sink confirmed the copy; a park that fails
 leaves the delivery unsettled, so it is redelivered instead.
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..agent import Agent
-from ..outcomes import Park
+from ..outcomes import parking
 from .delivery import Delivery, Parker, park_headers
 
 log = logging.getLogger("streamapp.partition")
@@ -32,8 +33,8 @@ def parker(sink: Publisher | None, agent: Agent, name: str) -> Parker:
     """The Parker of ``agent``'s partition ``name``: confirmed publishes through ``sink``."""
 
     async def park(delivery: Delivery, reason: str) -> bool:
-        policy = agent.on_failure
-        if not isinstance(policy, Park):
+        policy = parking(agent.on_failure)
+        if policy is None:
             return False
         if sink is None:
             log.error("%s: cannot park position %d: no broker to park to", name, delivery.position)

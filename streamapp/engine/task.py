@@ -25,11 +25,12 @@ from .. import structured
 from ..agent import Agent, BatchResult, run_batch
 from ..errors import ConfigError, FencedError, StoreFormatError
 from ..events import Event
-from ..outcomes import Outcome
+from ..outcomes import FailurePolicy, Outcome, Redeliver
 from ..settings import Settings
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import PartitionTables, spaces_for
 from ..tables.store import Store
+from .attempts import Attempts
 from .delivery import STORE_POSITION_HEADER, Decoder, Delivery, Parker
 from .metrics import NO_METRICS, TaskMetrics
 from .pace import Pace, pause
@@ -61,6 +62,8 @@ class TaskConfig:
     max_batch_records: int = 2000
     batch_budget_s: float = 10.0
     redeliver_pause_s: float = 0.5
+    redeliver_backoff_max_s: float = 30.0
+    """Pauses before redeliveries of one delivery double up to this."""
     close_budget_s: float = 30.0
     policy_pauses: bool = True
     """Honour ``Redeliver(pause_s=...)``; the memory broker retries at once instead."""
@@ -76,8 +79,15 @@ class TaskConfig:
             max_batch_records=settings.max_batch_records,
             batch_budget_s=settings.batch_budget_ms / 1000,
             redeliver_pause_s=settings.poll_timeout_ms / 1000,
+            redeliver_backoff_max_s=settings.redeliver_backoff_max_ms / 1000,
             close_budget_s=settings.rebalance_timeout_ms / 2000,
         )
+
+    def first_pause_s(self, policy: FailurePolicy) -> float:
+        """The pause before the first redelivery under ``policy``."""
+        if isinstance(policy, Redeliver) and policy.pause_s is not None and self.policy_pauses:
+            return policy.pause_s
+        return self.redeliver_pause_s
 
 
 class PartitionTask:
@@ -119,6 +129,10 @@ class PartitionTask:
         """True when the event store is this task's live source (STREAMAPP_BROKER=none)."""
         self.outcomes: dict[Outcome, int] = {}
         """Outcomes of every delivery handled, live and replayed."""
+        self.attempts = Attempts(
+            config.first_pause_s(agent.on_failure), config.redeliver_backoff_max_s
+        )
+        """Failed attempts of the delivery this partition is stuck at (Redeliver's bound)."""
         self._opening: asyncio.Task[None] | None = None
         self._batch: asyncio.Future[Any] | None = None
         self._reseek = False
@@ -308,10 +322,7 @@ class PartitionTask:
                     self._rewind(chunk[result.settled].position)
                     if result.redeliver:
                         self.metrics.redelivery(self.agent.name)
-                        policy_pause = getattr(self.agent.on_failure, "pause_s", None)
-                        wait_s = config.redeliver_pause_s
-                        if policy_pause is not None and config.policy_pauses:
-                            wait_s = policy_pause
+                        wait_s = self.attempts.pause_s()
                     break
         except FencedError as exc:
             self._lost(exc)
@@ -331,7 +342,18 @@ class PartitionTask:
 
     async def _run(self, chunk: Sequence[Delivery], decode: Decoder, budget: float) -> BatchResult:
         started = time.perf_counter()
-        result = await run_batch(self.agent, chunk, self.tables, decode, self._park, budget)
+        attempts = self.attempts
+        result = await run_batch(
+            self.agent,
+            chunk,
+            self.tables,
+            decode,
+            self._park,
+            budget,
+            failed_before=attempts.before,
+        )
+        if result.failure is not None:
+            attempts.failed_at(chunk[result.settled].position, result.failure.reason)
         outcomes = self.outcomes
         for outcome, n in result.counts.items():
             outcomes[outcome] = outcomes.get(outcome, 0) + n
@@ -351,6 +373,7 @@ class PartitionTask:
         if stored is not None and tables is not None and stored >= (cp.history or 1):
             cp = cp.advanced(history=stored + 1)
         await self._commit(cp, position)
+        self.attempts.settled(position)
         self.next_position = position
         self.processed += settled
 
@@ -369,7 +392,9 @@ class PartitionTask:
     async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
         """Apply stored events of this partition, read up to ``next_position`` (exclusive),
         and commit with the store position. False when an event failed under Redeliver:
-        the position stops before it, and the feed tries again after a pause."""
+        the position stops before it, and the feed tries again after
+        ``self.attempts.pause_s()``; once a bounded Redeliver's attempts are spent, its
+        fallback applies as to live deliveries."""
         live_from_store = self.phase is Phase.LIVE and self.follows_store
         if self.phase is not Phase.CATCHING_UP and not live_from_store:
             return False  # handed over (or closed): the live source feeds it now
@@ -406,6 +431,7 @@ class PartitionTask:
             if result.settled or not cut:
                 if tables is not None:
                     await self._commit(tables.checkpoint.advanced(history=done), None)
+                self.attempts.settled(done)
                 self.history_next = done
             self.replayed += result.settled
             self.metrics.replayed(self.agent.name, result.settled)

@@ -1,5 +1,5 @@
 """In-memory broker for users' unit tests."""
 
-from .broker import MemoryBroker
+from .broker import MemoryBroker, StuckRecord, StuckRecordsError
 
-__all__ = ["MemoryBroker"]
+__all__ = ["MemoryBroker", "StuckRecord", "StuckRecordsError"]

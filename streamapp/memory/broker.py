@@ -10,12 +10,17 @@ integration tests never use it in place of a real broker.
     broker.send("orders", Event.create("order.placed", stream_id="o-1", data={}))
     await broker.process()
     assert broker.table("order_status").get("o-1")["status"] == "placed"
+
+A record that stays unsettled (a handler that always raises under an unbounded
+Redeliver) makes :meth:`MemoryBroker.process` raise :class:`StuckRecordsError` once it
+failed ``max_attempts`` times, so a test cannot pass while records are stuck.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..agent import Agent
@@ -24,9 +29,10 @@ from ..engine.delivery import Delivery, Message
 from ..engine.metrics import NO_METRICS, TaskMetrics
 from ..engine.parking import parker
 from ..engine.task import PartitionTask, TaskConfig
+from ..errors import StreamappError
 from ..events import Event
 from ..kafka import codec
-from ..outcomes import Outcome
+from ..outcomes import Outcome, Redeliver
 from ..partitioner import partition_for
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
@@ -34,6 +40,49 @@ from ..tables.table import Table
 
 def _decode(delivery: Delivery) -> Event:
     return codec.decode(delivery.key, delivery.value, delivery.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class StuckRecord:
+    """A record that :meth:`MemoryBroker.process` could not settle: its partition stops
+    there (later records of the partition wait behind it)."""
+
+    agent: str
+    record: Message
+    attempts: int
+    """Failed attempts in this :meth:`MemoryBroker.process` call."""
+    error: str
+    """Why the last attempt failed."""
+
+    def __str__(self) -> str:
+        r = self.record
+        return (
+            f"agent {self.agent!r}, topic {r.topic!r} partition {r.partition} position "
+            f"{r.position} ({_describe(r)}): failed {self.attempts} times, last error: "
+            f"{self.error or 'none (the partition task did not run it)'}"
+        )
+
+
+class StuckRecordsError(StreamappError):
+    """Records stayed unsettled after the memory broker's bound of attempts."""
+
+    def __init__(self, stuck: list[StuckRecord], counts: Counter[Outcome]) -> None:
+        self.stuck, self.counts = stuck, counts
+        lines = "\n".join(f"  {s}" for s in stuck)
+        super().__init__(
+            f"{len(stuck)} record(s) still unsettled after MemoryBroker.process():\n{lines}\n"
+            "Their partitions stop there. Fix the handler, or bound the policy: "
+            "on_failure=Park(destination) or Redeliver(max_attempts=N, fallback=Park(...)). "
+            "MemoryBroker(max_attempts=...) sets how often a record is tried in one call."
+        )
+
+
+def _describe(record: Message) -> str:
+    try:
+        event = _decode(record)
+    except Exception:
+        return f"key {record.key!r}, not a CloudEvent: {(record.value or b'')[:60]!r}"
+    return f"event id {event.id!r}, type {event.type!r}, stream {event.stream_id!r}"
 
 
 class _MemoryPort:
@@ -80,9 +129,11 @@ class _EmptyHistory:
 class MemoryBroker:
     """Runs an app's agents over in-memory topics.
 
-    ``max_attempts`` bounds the redeliveries of a failing record in one :meth:`process`;
-    ``batch_budget_s`` is the time a batch may take before it is committed in parts (the
-    ``batch_budget_ms`` setting of a worker).
+    ``max_attempts`` bounds the attempts of a failing record in one :meth:`process`
+    (at least the agent's ``Redeliver(max_attempts=...)``, so its fallback applies);
+    past it, :meth:`process` raises :class:`StuckRecordsError`. Redeliveries do not
+    pause here. ``batch_budget_s`` is the time a batch may take before it is committed
+    in parts (the ``batch_budget_ms`` setting of a worker).
     """
 
     def __init__(
@@ -155,21 +206,34 @@ class MemoryBroker:
         )
 
     async def process(self) -> Counter[Outcome]:
-        """Run every agent until all records are settled or a partition keeps failing.
+        """Run every agent until all records are settled; returns the outcomes counted.
 
-        A REDELIVERed record is retried up to ``max_attempts`` times, then left unsettled.
+        A record that fails is tried again at once. One that is still unsettled after
+        ``max_attempts`` attempts stops its partition; the other partitions and agents
+        are run all the same, then :class:`StuckRecordsError` names every stuck record
+        (agent, topic, partition, position, event, last error). A later call tries them
+        again.
         """
         counts: Counter[Outcome] = Counter()
+        stuck: list[StuckRecord] = []
         for agent in self.app.agents.values():
             for p in range(agent.topic.partitions):
-                counts.update(await self._drain(agent, p))
+                handled, stopped = await self._drain(agent, p)
+                counts.update(handled)
+                if stopped is not None:
+                    stuck.append(stopped)
+        if stuck:
+            raise StuckRecordsError(stuck, counts)
         return counts
 
-    async def _drain(self, agent: Agent, p: int) -> Counter[Outcome]:
+    async def _drain(self, agent: Agent, p: int) -> tuple[Counter[Outcome], StuckRecord | None]:
         task, port = await self._task(agent, p)
         records = self._topic(agent.topic.name)[p]
         counts: Counter[Outcome] = Counter()
-        attempts = 0
+        bound = self.max_attempts
+        if isinstance(agent.on_failure, Redeliver):  # its fallback must get its turn
+            bound = max(bound, agent.on_failure.max_attempts or 0)
+        tries, at = 0, -1
         while (start := port.position) < len(records):
             before = Counter(task.outcomes)
             await task.process(records[start:])
@@ -177,13 +241,13 @@ class MemoryBroker:
             counts.update(handled)
             progress = port.position - start
             # Stopped at a failure (a record handled but not settled), or no progress at
-            # all: a redelivery. A pass cut by the batch budget settles every record it
-            # handled: not a failed attempt.
+            # all. A pass cut by the batch budget settles every record it handled.
             if handled.total() > progress or progress <= 0:
-                attempts += 1
-                if attempts >= self.max_attempts:
-                    break
-        return counts
+                tries, at = (tries + 1 if port.position == at else 1), port.position
+                if tries >= bound:
+                    error = task.attempts.last_error if task.attempts.position == at else ""
+                    return counts, StuckRecord(agent.name, records[at], tries, error)
+        return counts, None
 
     async def _task(self, agent: Agent, p: int) -> tuple[PartitionTask, _MemoryPort]:
         key = (agent.topic.name, p)

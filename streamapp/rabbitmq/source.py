@@ -14,6 +14,7 @@ partition with neither local state nor history is refused, never started empty.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -67,13 +68,7 @@ class RabbitSource:
         self.assignment = Assignment(app)
         self.ports: dict[tuple[str, int], RabbitPartitionPort] = {}
         self._agents = {a.topic.name: a for a in app.agents.values()}
-        self._config = TaskConfig(
-            max_batch_records=settings.max_batch_records,
-            batch_budget_s=settings.batch_budget_ms / 1000,
-            redeliver_pause_s=settings.poll_timeout_ms / 1000,
-            close_budget_s=settings.rebalance_timeout_ms / 2000,
-            replay_on_open=True,
-        )
+        self._config = dataclasses.replace(TaskConfig.from_settings(settings), replay_on_open=True)
         self._connection: AbstractRobustConnection | None = None
         self._failed: asyncio.Future[None] | None = None
 

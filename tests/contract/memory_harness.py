@@ -7,7 +7,7 @@ from typing import Any
 
 from streamapp import App
 from streamapp.engine.delivery import Message
-from streamapp.memory import MemoryBroker
+from streamapp.memory import MemoryBroker, StuckRecordsError
 
 from .harness import AgentHarness, Parked
 
@@ -62,7 +62,10 @@ class MemoryHarness(AgentHarness):
         return self._sent[i].value
 
     async def settle(self, within_s: float = 30.0) -> bool:
-        await self.broker.process()  # bounded by max_attempts per partition
+        try:
+            await self.broker.process()  # bounded by max_attempts per record
+        except StuckRecordsError:
+            return False
         return self.broker.pending(self.topic) == 0
 
     async def unsettled(self) -> int:

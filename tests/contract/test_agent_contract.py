@@ -276,6 +276,57 @@ class AgentContract:
         """Partitions run side by side: the other one finished during the pauses."""
         assert done_at_success == total
 
+    # 6b. Bounded Redeliver ------------------------------------------------------------------
+    async def test_bounded_redeliver_parks_after_max_attempts_and_the_partition_goes_on(
+        self, h: AgentHarness
+    ) -> None:
+        """Redeliver(max_attempts=3, fallback=Park(...)): three attempts, pauses doubling
+        from pause_s, then the fallback parks it with why; later records of the partition
+        are applied, and the next failing record gets its own three attempts."""
+        stuck, other = key_on(0, 2), key_on(1, 2)
+        tried: dict[str, list[float]] = {}
+
+        async def fail(event: Event, view: TableView[Any]) -> None:
+            if event.type == "poison":
+                tried.setdefault(event.id, []).append(time.monotonic())
+                raise ValueError(f"poison {event.id}")
+
+        parking = h.name("in.parked")
+        policy = Redeliver(pause_s=0.2, max_attempts=3, fallback=Park(parking))
+        await h.start(log_app(h, on_failure=policy, fail=fail))
+        sent = [
+            ev(stuck, "s1"),
+            ev(stuck, "p1", type="poison"),
+            ev(stuck, "s2"),
+            ev(stuck, "p2", type="poison"),
+            ev(stuck, "s3"),
+            ev(other, "o1"),
+        ]
+        for event in sent:
+            await h.send(event)
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", stuck) == logged("s1", "s2", "s3")  # writes rolled back
+        assert await h.table("log", other) == logged("o1")
+        assert h.calls["p1"] == h.calls["p2"] == 3  # each counted on its own
+        assert h.calls["s1"] == h.calls["s2"] == h.calls["s3"] == h.calls["o1"] == 1
+
+        parked = await h.parked(parking)
+        assert [h.parked_event(r).id for r in parked] == ["p1", "p2"]
+        assert [r.reason for r in parked] == [
+            "gave up after 3 attempts: ValueError: poison p1",
+            "gave up after 3 attempts: ValueError: poison p2",
+        ]
+        p = partition_for(stuck.encode(), 2)
+        assert [r.source for r in parked] == [
+            f"{h.topic}/{p}/{await h.position_of(i)}" for i in (1, 3)
+        ]
+        assert parked[0].value == await h.value_of(1)
+        if h.redeliver_pause_s is not None:  # a transport that pauses: 0.2 s, then 0.4 s
+            gaps = [b - a for a, b in itertools.pairwise(tried["p1"])]
+            assert gaps[0] >= 0.2 * 0.9, gaps
+            assert gaps[1] >= 0.4 * 0.9, gaps
+
     # 7. A write to another partition's key -------------------------------------------------
     async def test_foreign_key_write_fails_and_is_parked_nothing_written(
         self, h: AgentHarness

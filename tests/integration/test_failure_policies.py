@@ -1,8 +1,10 @@
-"""Failure policies on real Kafka: PARK keeps the partition going, REDELIVER applies once."""
+"""Failure policies on real Kafka: PARK keeps the partition going, REDELIVER applies once,
+a bounded REDELIVER parks after its attempts (live and during catch-up)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections import Counter
@@ -13,7 +15,9 @@ import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamapp import App, Event, Redeliver, Table, TableView
+from streamapp import App, Event, FromEventStore, Park, Redeliver, Table, TableView
+from streamapp.engine.phase import Phase
+from streamapp.eventstore import Append, open_store
 from streamapp.kafka import codec
 from streamapp.kafka.topics import create_topics as create_app_topics
 from streamapp.partitioner import partition_for
@@ -206,3 +210,148 @@ async def test_a_slow_batch_is_cut_by_the_budget_and_flushed_in_parts(
         assert [view.get(f"k{i}") for i in range(3)] == [20, 20, 20]
     finally:
         await worker.stop()
+
+
+async def test_bounded_redeliver_parks_after_its_attempts_and_the_partition_goes_on(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Redeliver(max_attempts=3, fallback=Park(...)) on a handler that always fails for
+    one record: three calls, pauses doubling, then the record is in the parking topic with
+    its reason, the records behind it in its partition are applied and committed."""
+    ns = f"bound{uuid.uuid4().hex[:6]}-"
+    app = App(f"{ns}app", kafka_bootstrap=kafka_bootstrap, data_dir=tmp_path, web_port=0)
+    topic = app.topic(f"{ns}in", partitions=2)
+    parking = f"{ns}in.parked"
+    counts_table: Table[dict[str, int]] = Table("counts")
+    calls: dict[str, list[float]] = {}
+    poison_id = "poison-event"
+    policy = Redeliver(pause_s=0.4, max_attempts=3, fallback=Park(parking))
+
+    @app.agent(topic, tables=[counts_table], on_failure=policy)
+    async def count(event: Event, counts: TableView[dict[str, int]]) -> None:
+        calls.setdefault(event.id, []).append(time.monotonic())
+        sid = event.stream_id
+        assert sid is not None
+        counts[sid] = {"n": counts.get(sid, {"n": 0})["n"] + 1}
+        if event.id == poison_id:
+            raise RuntimeError("always broken")  # after a write: it must be rolled back
+
+    settings = app.settings()
+    assert settings.redeliver_backoff_max_ms == 30_000
+    await create_app_topics(app, settings)  # the fallback's parking topic too
+    keys = {partition_for(f"k{i}".encode(), 2): f"k{i}" for i in range(40)}
+    stuck_key, other_key = keys[0], keys[1]
+    events = [Event.create("e", stream_id=stuck_key, data={}) for _ in range(2)]
+    events += [Event.create("e", stream_id=stuck_key, data={}, id=poison_id)]
+    events += [Event.create("e", stream_id=stuck_key, data={}) for _ in range(5)]
+    events += [Event.create("e", stream_id=other_key, data={}) for _ in range(10)]
+    await _send_raw(kafka_bootstrap, topic.name, [codec.encode(e) for e in events])  # type: ignore[misc]
+
+    worker = Worker(app, settings)
+    await worker.start()
+    try:
+        url = f"http://127.0.0.1:{worker.web_port}/tables/counts/"
+        async with aiohttp.ClientSession() as http:
+
+            async def n_of(key: str) -> int:
+                async with http.get(url + key) as r:
+                    return int((await r.json())["n"]) if r.status == 200 else 0
+
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if await n_of(stuck_key) == 7 and await n_of(other_key) == 10:
+                    break
+                await asyncio.sleep(0.1)
+            assert await n_of(stuck_key) == 7  # the 7 good records of the partition, once
+            assert await n_of(other_key) == 10
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if await lag(kafka_bootstrap, app.id, topic.name) == 0:
+                break
+            await asyncio.sleep(0.2)
+        assert await lag(kafka_bootstrap, app.id, topic.name) == 0  # committed past it
+        assert len(calls[poison_id]) == 3
+        gaps = [b - a for a, b in itertools.pairwise(calls[poison_id])]
+        assert gaps[0] >= 0.4 * 0.9, gaps  # the first pause is pause_s,
+        assert gaps[1] >= 0.8 * 0.9, gaps  # then it doubles
+        assert all(len(t) == 1 for eid, t in calls.items() if eid != poison_id)
+    finally:
+        await worker.stop()
+
+    (parked,) = await _read_all(kafka_bootstrap, parking, 1)
+    headers = dict(parked.headers)
+    reason = headers["streamapp-park-reason"].decode()
+    assert reason == "gave up after 3 attempts: RuntimeError: always broken"
+    assert headers["streamapp-source"].decode() == f"{topic.name}/0/2"
+    assert headers["streamapp-agent"] == b"count"
+    assert headers["ce_id"] == poison_id.encode()
+    assert parked.key == stuck_key.encode()
+    assert parked.partition == 0  # parked to the partition of its key
+
+
+async def test_bounded_redeliver_parks_a_replayed_event_during_catch_up(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The catch-up path follows the same policy: an event of the store that always
+    fails is parked to the Kafka parking topic after its attempts (its source names the
+    store position), the replay goes on, and the partition goes live."""
+    ns = f"bcu{uuid.uuid4().hex[:6]}-"
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    app = App(
+        f"{ns}app",
+        kafka_bootstrap=kafka_bootstrap,
+        data_dir=tmp_path / "data",
+        web_port=0,
+        event_store=url,
+    )
+    topic = app.topic(f"{ns}in", partitions=1)
+    parking = f"{ns}in.parked"
+    counts_table: Table[int] = Table("counts")
+    calls: Counter[str] = Counter()
+    policy = Redeliver(pause_s=0.2, max_attempts=2, fallback=Park(parking))
+
+    @app.agent(topic, tables=[counts_table], on_failure=policy, history=FromEventStore())
+    async def count(event: Event, counts: TableView[int]) -> None:
+        calls[event.id] += 1
+        sid = event.stream_id
+        assert sid is not None
+        counts[sid] = counts.get(sid, 0) + 1
+        if event.type == "poison":
+            raise ValueError(f"cannot apply {event.id}")
+
+    store = await open_store(url)
+    try:
+        stored = [Event.create("e", stream_id="s", id=f"e{i}") for i in range(3)]
+        stored += [Event.create("poison", stream_id="s", id="bad")]
+        stored += [Event.create("e", stream_id="s", id=f"e{i}") for i in range(3, 6)]
+        for event in stored:
+            await store.append_many([Append("s", [event])])
+    finally:
+        await store.close()
+
+    settings = app.settings()
+    await create_app_topics(app, settings)
+    worker = Worker(app, settings)
+    await worker.start()
+    try:
+        (task,) = worker.source.assignment.tasks.values()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if task.phase is Phase.LIVE:
+                break
+            await asyncio.sleep(0.1)
+        assert task.phase is Phase.LIVE
+        assert task.tables is not None
+        assert task.tables.views[0].get("s") == 6  # every stored event but the poison
+        assert calls["bad"] == 2
+        assert all(n == 1 for eid, n in calls.items() if eid != "bad")
+    finally:
+        await worker.stop()
+
+    (parked,) = await _read_all(kafka_bootstrap, parking, 1)
+    headers = dict(parked.headers)
+    assert (
+        headers["streamapp-park-reason"]
+        == b"gave up after 2 attempts: ValueError: cannot apply bad"
+    )
+    assert headers["streamapp-source"] == f"{topic.name}/0/4".encode()  # store position 4

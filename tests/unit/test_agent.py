@@ -10,7 +10,7 @@ import pytest
 from streamapp import App, ConfigError, Event, Outcome, Park, Redeliver, Table, TableView
 from streamapp.agent import handle
 from streamapp.errors import DecodeError
-from streamapp.memory.broker import MemoryBroker
+from streamapp.memory.broker import MemoryBroker, StuckRecordsError
 from streamapp.partitioner import partition_for
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
@@ -212,7 +212,7 @@ async def test_redeliver_fails_twice_then_succeeds_as_if_once() -> None:
     assert not any(t.endswith("parked") for t in broker.topics)
 
 
-async def test_redeliver_always_failing_stays_unsettled_other_partition_goes_on() -> None:
+async def test_redeliver_always_failing_raises_stuck_other_partition_goes_on() -> None:
     stuck, other = keys_on_distinct_partitions()
 
     def fail(event: Event) -> None:
@@ -226,14 +226,28 @@ async def test_redeliver_always_failing_stays_unsettled_other_partition_goes_on(
     broker.send("in", ev(stuck, 3))
     broker.send("in", ev(other, 5))
     broker.send("in", ev(other, 6))
-    counts = await broker.process()
-    assert counts == Counter({Outcome.FAILED: 3, Outcome.DELIVERED: 3})
+    with pytest.raises(StuckRecordsError) as raised:
+        await broker.process()
+    assert raised.value.counts == Counter({Outcome.FAILED: 3, Outcome.DELIVERED: 3})
+    (record,) = raised.value.stuck
+    p = partition_for(stuck.encode(), 2)
+    assert (record.agent, record.record.partition, record.record.position) == ("summer", p, 1)
+    assert (record.attempts, record.error) == (3, "ValueError: never")
+    message = str(raised.value)
+    for part in (
+        "agent 'summer'",
+        f"topic 'in' partition {p} position 1",
+        f"event id '{stuck}-2'",
+        "failed 3 times, last error: ValueError: never",
+    ):
+        assert part in message
     assert broker.pending("in") == 2  # the failing record and the one behind it
     assert broker.table("sums")[stuck] == {"total": 1, "seen": [f"{stuck}-1"]}
-    assert broker.table("sums")[other]["total"] == 11
-    # a later round tries again, still in order, and still does not settle
-    counts = await broker.process()
-    assert counts == Counter({Outcome.FAILED: 3})
+    assert broker.table("sums")[other]["total"] == 11  # the other partition went on
+    # a later round tries again, still in order, still does not settle, and says so
+    with pytest.raises(StuckRecordsError) as again:
+        await broker.process()
+    assert again.value.counts == Counter({Outcome.FAILED: 3})
     assert broker.pending("in") == 2
     assert broker.table("sums")[stuck]["seen"] == [f"{stuck}-1"]
 

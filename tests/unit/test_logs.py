@@ -11,7 +11,7 @@ import pytest
 
 from streamapp import App, ConfigError, Event, Settings, logs
 from streamapp.logs import Gate, JsonFormatter, Throttle
-from streamapp.memory import MemoryBroker
+from streamapp.memory import MemoryBroker, StuckRecordsError
 from streamapp.partitioner import partition_for
 
 
@@ -100,7 +100,8 @@ async def test_handler_traceback_first_time_per_partition(
     for key in keys.values():
         broker.send("in", Event.create("x", stream_id=key, data={}))
     caplog.set_level(logging.INFO, logger="streamapp.agent")
-    await broker.process()
+    with pytest.raises(StuckRecordsError):
+        await broker.process()
     failures = [r for r in caplog.records if "will redeliver" in r.getMessage()]
     assert len(failures) == 8  # 4 attempts on each of 2 partitions, each one line
     with_tb = [r for r in failures if r.exc_info]
