@@ -14,6 +14,7 @@ The rule (``App.agent`` says it to users too):
      parameter named after a listed table must then sit at that table's position, or
      the list and the parameters are in different orders: refused.
    The event parameter must not be named after a listed table.
+4. ``tables=`` is a list of Tables, each name once.
 
 Table names are compared exactly; a table whose name is not a Python identifier (say
 ``order-status``) can only be bound by position.

@@ -260,7 +260,11 @@ def _check_variables(env: Mapping[str, str]) -> None:
                 f"setting startup_retry cannot be read from {var}; pass "
                 "startup_retry=Backoff(...) to App or Settings"
             )
-        raise ConfigError(f"environment variable {var} names no setting{_hint(name, env=True)}")
+        raise ConfigError(
+            f"environment variable {var} names no setting{_hint(name, env=True)} "
+            f"(streamapp reads every {ENV_PREFIX} variable: unset or rename it if it is "
+            "not meant for streamapp)"
+        )
 
 
 def _hint(name: str, *, env: bool = False) -> str:
