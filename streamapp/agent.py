@@ -49,6 +49,7 @@ class Agent:
     handler: Handler
     topic: TopicSpec
     tables: tuple[Table[Any], ...] = ()
+    """In the order the handler's parameters take them (see ``App.agent``)."""
     filter: Callable[[Event], bool] | None = None
     on_failure: FailurePolicy = field(default_factory=Redeliver)
     history: History | None = None

@@ -6,7 +6,9 @@ environment variable that feeds it.
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,28 @@ from .errors import ConfigError
 
 ENV_PREFIX = "STREAMAPP_"
 BROKERS = ("kafka", "rabbitmq", "none")
+NOT_SETTINGS = frozenset(
+    {
+        # scripts/services: where and how the local Kafka, RabbitMQ and PostgreSQL run
+        "STREAMAPP_SERVICES_HOME",
+        "STREAMAPP_KAFKA_PORT",
+        "STREAMAPP_KAFKA_CONTROLLER_PORT",
+        "STREAMAPP_KAFKA_HEAP",
+        "STREAMAPP_KAFKA_TIMEOUT",
+        "STREAMAPP_RABBITMQ_PORT",
+        "STREAMAPP_RABBITMQ_DIST_PORT",
+        "STREAMAPP_RABBITMQ_NODENAME",
+        "STREAMAPP_RABBITMQ_TIMEOUT",
+        "STREAMAPP_POSTGRES_PORT",
+        "STREAMAPP_POSTGRES_TIMEOUT",
+        # the test suite: where PostgreSQL answers (tests/conftest.py)
+        "STREAMAPP_POSTGRES_DSN",
+    }
+)
+"""``STREAMAPP_`` variables the project's scripts and tests use that are not settings;
+every other ``STREAMAPP_`` variable must name a setting (a typo is a ConfigError)."""
+NOT_SETTING_PREFIXES = ("STREAMAPP_TEST_",)
+"""Families of variables left to the test suite (e.g. ``STREAMAPP_TEST_ARTIFACTS``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +129,16 @@ class Settings:
 
     @classmethod
     def from_env(cls, app_id: str, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
-        """Settings from ``STREAMAPP_<NAME>`` variables, then ``overrides`` on top."""
+        """Settings from ``STREAMAPP_<NAME>`` variables, then ``overrides`` on top.
+
+        A ``STREAMAPP_`` variable that names no setting (and is not one of
+        :data:`NOT_SETTINGS`) is a ConfigError naming the closest setting; so is an
+        unknown name in ``overrides``. ``STREAMAPP_APP_ID`` is ignored: the app id is
+        ``app_id``.
+        """
         env = dict(os.environ) if env is None else env
+        _check_variables(env)
+        check_setting_names(overrides)
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
@@ -120,6 +152,7 @@ class Settings:
 
     def with_(self, **changes: Any) -> Settings:
         """A validated copy with ``changes`` applied."""
+        check_setting_names(changes)
         return replace(self, **changes)
 
     def _validate(self) -> None:
@@ -206,6 +239,60 @@ class Settings:
             )
         if self.startup_retry.attempts < 1:
             raise ConfigError("setting startup_retry.attempts must be at least 1")
+
+
+_SETTABLE = tuple(f.name for f in fields(Settings) if f.name != "app_id")
+_FROM_ENV = {ENV_PREFIX + name.upper(): name for name in _SETTABLE if name != "startup_retry"}
+_FIXED = ("acks", "idempotence")
+"""Producer options that are no setting: streamapp's Kafka producers always use
+``acks=all`` with idempotence (see :mod:`streamapp.kafka.sink`)."""
+
+
+def check_setting_names(names: Iterable[str]) -> None:
+    """ConfigError for the first name that is not a setting, naming the closest one."""
+    for name in names:
+        if name in _SETTABLE:
+            continue
+        if name == "app_id":
+            raise ConfigError("setting app_id is the App's first argument: App('my-app', ...)")
+        raise ConfigError(f"unknown setting {name!r}{_hint(name)}")
+
+
+def _check_variables(env: Mapping[str, str]) -> None:
+    for var in env:
+        if (
+            not var.startswith(ENV_PREFIX)
+            or var in _FROM_ENV
+            or var in NOT_SETTINGS
+            or var.startswith(NOT_SETTING_PREFIXES)
+            or var == ENV_PREFIX + "APP_ID"
+        ):
+            continue
+        name = var[len(ENV_PREFIX) :].lower()
+        if name == "startup_retry":
+            raise ConfigError(
+                f"setting startup_retry cannot be read from {var}; pass "
+                "startup_retry=Backoff(...) to App or Settings"
+            )
+        raise ConfigError(
+            f"environment variable {var} names no setting{_hint(name, env=True)} "
+            f"(streamapp reads every {ENV_PREFIX} variable: unset or rename it if it is "
+            "not meant for streamapp)"
+        )
+
+
+def _hint(name: str, *, env: bool = False) -> str:
+    if any(word in name.lower() for word in _FIXED):
+        return (
+            "; streamapp's Kafka producers always publish with acks=all and idempotence "
+            "(no setting weakens that)"
+        )
+    close = difflib.get_close_matches(name.lower(), _SETTABLE, n=1)
+    if not close:
+        return "; the settings are the fields of streamapp.Settings (README: Settings)"
+    if env:
+        return f"; did you mean {ENV_PREFIX}{close[0].upper()} (setting {close[0]})?"
+    return f"; did you mean {close[0]!r}?"
 
 
 def _parse(name: str, type_name: Any, raw: str) -> Any:

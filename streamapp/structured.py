@@ -37,6 +37,28 @@ def from_json(value: bytes | str) -> Event:
     return from_dict(body)
 
 
+def sniff(value: bytes | None, content_type: str | None) -> Event | None:
+    """A structured event sent without a structured content type, or None if ``value``
+    is not one: a JSON object carrying ``specversion``.
+
+    The CloudEvents SDK's ``cloudevents.v1.kafka.to_structured`` writes such records:
+    no ``ce_`` headers, and as content type nothing or the event's ``datacontenttype``
+    (moved out of the JSON), which is put back here. Only called for a message that has
+    no attribute headers, so a binary-mode event is never read this way.
+    """
+    if not value or value.lstrip()[:1] != b"{":
+        return None
+    try:
+        body = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or "specversion" not in body:
+        return None
+    if content_type is not None:
+        body.setdefault("datacontenttype", content_type)
+    return from_dict(body)
+
+
 def from_stored(value: bytes) -> Event:
     """An event as the event store keeps it (:func:`to_json` of an appended Event): built
     without re-checking every attribute, the replay's hot path. Anything unexpected

@@ -25,6 +25,7 @@ from ..errors import FencedError, PublishError, SourceError
 from ..tables.changelog import RestoreChunk, records
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import BatchChanges, PartitionTables
+from .sink import producer_config
 
 log = logging.getLogger("streamapp.partition")
 
@@ -99,10 +100,7 @@ class KafkaChangelog:
         """Start the producer; this fences any previous owner of the partition."""
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
-            transactional_id=self.transactional_id,
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=5,
+            **producer_config({"transactional_id": self.transactional_id, "linger_ms": 5}),
         )
         try:
             await asyncio.wait_for(producer.start(), self.timeout_s)

@@ -2,7 +2,10 @@
 
 A fast path of our own instead of the SDK's decoder (see PITFALLS.md): the mode is decided
 by ``content-type`` as the spec says, only ``ce_`` headers are decoded (a foreign binary
-header never breaks a record), and the record key is never injected into the event.
+header never breaks a record), and the record key is never injected into the event. A
+record with neither ``ce_`` headers nor a structured content type whose value is a JSON
+object carrying ``specversion`` is a structured event too: the CloudEvents SDK's
+``cloudevents.v1.kafka.to_structured`` writes those (:func:`streamapp.structured.sniff`).
 Decoding raises :class:`DecodeError` with a reason; it never raises anything else.
 """
 
@@ -39,7 +42,13 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers) -> Event:
     if content_type is not None and content_type.lower().startswith(STRUCTURED):
         return _structured(content_type, value)
     if not attrs:
-        raise DecodeError("not a CloudEvent: no ce_ headers and no structured content-type")
+        sniffed = structured.sniff(value, content_type)
+        if sniffed is None:
+            raise DecodeError(
+                "not a CloudEvent: no ce_ headers, no structured content-type, and the value "
+                "is not a JSON object with specversion"
+            )
+        return sniffed
     if content_type is not None:
         attrs["datacontenttype"] = content_type
     data: Any = value or None  # an empty value is an event without data

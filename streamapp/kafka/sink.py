@@ -1,25 +1,80 @@
-"""Kafka sink: publishes with ``acks=all`` and idempotence, confirmed within a deadline."""
+"""Kafka sink: publishes with ``acks=all`` and idempotence, confirmed within a deadline.
+
+Every producer streamapp makes (parking, the forwarder, the members directory, the
+changelog writer) takes its options from :func:`producer_config`: ``acks="all"`` and
+``enable_idempotence=True`` unless given, and never weaker. There is no setting for
+them: a park or a forwarded event counts as done once the broker confirmed it, so a
+leader failover must not lose it (``acks=all``), and a retried send must not duplicate
+or reorder it (idempotence).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import difflib
+import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from ..errors import PublishError
+from ..errors import ConfigError, PublishError
 from ..sink import Message, Receipt
+
+DURABLE: Mapping[str, Any] = {"acks": "all", "enable_idempotence": True}
+"""What every streamapp producer uses; :func:`producer_config` refuses anything weaker."""
+_OWN = ("bootstrap_servers", "loop", "key_serializer", "value_serializer")
+"""Producer options streamapp sets itself (the sink publishes bytes)."""
+
+
+def producer_config(options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``AIOKafkaProducer`` options: ``options`` with :data:`DURABLE` filled in.
+
+    Raises ConfigError naming the option for a weaker ``acks`` (``0`` or ``1``),
+    ``enable_idempotence=False``, an option streamapp sets itself, or an unknown name.
+    """
+    config = dict(options or {})
+    known = set(inspect.signature(AIOKafkaProducer).parameters)
+    for name in config:
+        if name in _OWN:
+            raise ConfigError(f"Kafka producer option {name} is streamapp's own; leave it out")
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"Kafka producer option {name!r} is not an aiokafka option{hint}")
+    acks = config.setdefault("acks", DURABLE["acks"])
+    if acks not in ("all", -1):
+        raise ConfigError(
+            f"Kafka producer option acks={acks!r} is refused: streamapp counts a publish (a "
+            "park, a forwarded event) as done once confirmed, so every in-sync replica must "
+            "have it. Leave acks out or set acks='all'."
+        )
+    if config.setdefault("enable_idempotence", True) is not True:
+        raise ConfigError(
+            "Kafka producer option enable_idempotence=False is refused: a retried send "
+            "could then be written twice or out of order. Leave it out or set it to True."
+        )
+    return config
 
 
 class KafkaSink:
-    """One idempotent producer; :meth:`publish` returns only once the broker confirmed."""
+    """One idempotent producer; :meth:`publish` returns only once the broker confirmed.
 
-    def __init__(self, bootstrap: str, *, timeout_s: float = 30.0) -> None:
+    ``options`` are further ``AIOKafkaProducer`` options (e.g. ``compression_type``);
+    ``acks`` and ``enable_idempotence`` may only be given at their durable values.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        timeout_s: float = 30.0,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=2
-        )
+        self.config = producer_config({"linger_ms": 2, **(options or {})})
+        """The producer's options (bootstrap aside), durable ones included."""
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **self.config)
 
     async def start(self) -> None:
         await self._producer.start()

@@ -5,7 +5,9 @@ every attribute and extension is an application header named ``cloudEvents_<name
 (``cloudEvents:<name>`` accepted on input), ``datacontenttype`` is the message's
 ``content_type`` property, and the data is the body. Attribute values are strings (the
 ``time`` attribute as RFC 3339, not AMQP 1.0's timestamp). A structured-mode body
-(``content_type: application/cloudevents+json``) is accepted on input.
+(``content_type: application/cloudevents+json``) is accepted on input, and so is a body
+that is a JSON object carrying ``specversion`` on a message without ``cloudEvents_``
+headers or structured content type (:func:`streamapp.structured.sniff`).
 
 Here a message is a header list: the AMQP headers as ``(name, bytes)`` plus the
 ``content_type`` property as the pseudo-header ``content-type``, the one vocabulary of
@@ -48,9 +50,13 @@ def decode(value: bytes | None, headers: Headers) -> Event:
     if content_type is not None and content_type.lower().startswith(STRUCTURED):
         return _structured(content_type, value)
     if not attrs:
-        raise DecodeError(
-            "not a CloudEvent: no cloudEvents_ headers and no structured content_type"
-        )
+        sniffed = structured.sniff(value, content_type)
+        if sniffed is None:
+            raise DecodeError(
+                "not a CloudEvent: no cloudEvents_ headers, no structured content_type, and "
+                "the body is not a JSON object with specversion"
+            )
+        return sniffed
     if content_type is not None:
         attrs["datacontenttype"] = content_type
     content_type = attrs.get("datacontenttype")

@@ -24,6 +24,14 @@ def test_worker_refuses_auto_commit(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "STREAMAPP_ENABLE_AUTO_COMMIT" in result.output
 
 
+def test_worker_refuses_an_unknown_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMAPP_WEB_PROT", "7070")
+    result = CliRunner().invoke(main, ["worker", "-A", "agents.orders:app"])
+    assert result.exit_code != 0
+    assert "STREAMAPP_WEB_PROT names no setting" in result.output
+    assert "did you mean STREAMAPP_WEB_PORT (setting web_port)?" in result.output
+
+
 def test_worker_names_a_bad_app_reference() -> None:
     result = CliRunner().invoke(main, ["worker", "-A", "agents.nope:app"])
     assert result.exit_code != 0

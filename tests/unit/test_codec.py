@@ -11,6 +11,8 @@ import pytest
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
+from cloudevents.v1 import kafka as v1_kafka
+from cloudevents.v1.http import CloudEvent as V1CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -307,6 +309,57 @@ def test_our_encode_structured_to_sdk_from_structured() -> None:
     assert ce.get_id() == event.id
     assert ce.get_data() == b"\x00bin"
     assert ce.get_extension("streamid") == "o-1"
+
+
+def v1_event(data: Any, datacontenttype: str | None) -> Any:
+    attributes = {"id": "v1-1", "source": "/sdk/v1", "type": "t", "subject": "o-8"}
+    if datacontenttype is not None:
+        attributes["datacontenttype"] = datacontenttype
+    attributes["streamversion"] = "4"
+    return V1CloudEvent(attributes, data)
+
+
+def test_sdk_v1_structured_without_content_type_to_our_decode() -> None:
+    message = v1_kafka.to_structured(v1_event({"n": 1}, None))
+    assert message.headers == {}  # the SDK writes no content-type at all
+    event = decode(*to_aiokafka(message))  # type: ignore[arg-type]
+    assert (event.id, event.stream_id, event.stream_version) == ("v1-1", "o-8", 4)
+    assert event.data == {"n": 1}
+    assert event.datacontenttype is None
+
+
+def test_sdk_v1_structured_with_datacontenttype_to_our_decode() -> None:
+    message = v1_kafka.to_structured(v1_event({"n": 2}, "application/json"))
+    assert message.headers == {"content-type": b"application/json"}  # moved out of the JSON
+    event = decode(*to_aiokafka(message))  # type: ignore[arg-type]
+    assert (event.id, event.data, event.datacontenttype) == ("v1-1", {"n": 2}, "application/json")
+
+
+def test_sdk_v1_binary_to_our_decode() -> None:
+    message = v1_kafka.to_binary(v1_event({"n": 3}, "application/json"))
+    event = decode(*to_aiokafka(message))  # type: ignore[arg-type]
+    assert (event.id, event.data, event.stream_version) == ("v1-1", {"n": 3}, 4)
+
+
+def test_sniffed_structured_event_keeps_its_own_datacontenttype() -> None:
+    body = {"id": "1", "source": "s", "type": "t", "specversion": "1.0"}
+    body |= {"datacontenttype": "application/vnd.x+json", "data": [1]}
+    event = decode(None, b"  " + orjson.dumps(body), [("content-type", b"text/plain")])
+    assert (event.datacontenttype, event.data) == ("application/vnd.x+json", [1])
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b'{"id": "1", "source": "s", "type": "t"}', "not a CloudEvent"),  # no specversion
+        (b'["specversion"]', "not a CloudEvent"),
+        (b'{"specversion": "1.0"', "not a CloudEvent"),  # not JSON
+        (b'{"specversion": "1.0", "id": "1"}', "lacks required attribute(s): source, type"),
+        (b'{"specversion": "0.3", "id": "1", "source": "s", "type": "t"}', "specversion"),
+    ],
+)
+def test_sniffing_without_headers_gives_a_reason(value: bytes, reason: str) -> None:
+    assert reason in decode_error(None, value, [])
 
 
 # --- bad input: DecodeError with a reason, never another exception ----------------

@@ -101,6 +101,23 @@ def test_structured_body_is_accepted() -> None:
     assert (event.id, event.data) == ("1", 7)
 
 
+@pytest.mark.parametrize("content_type", [None, "application/json"])
+def test_a_json_body_with_specversion_and_no_headers_is_structured(
+    content_type: str | None,
+) -> None:
+    body = orjson.dumps({"id": "1", "source": "s", "type": "t", "specversion": "1.0", "data": 7})
+    message = to_message(body, None, [])  # no cloudEvents_ headers
+    message.content_type = content_type
+    _, value, headers = from_message(message.body, dict(message.headers), message.content_type)
+    event = decode(value, headers)
+    assert (event.id, event.data, event.datacontenttype) == ("1", 7, content_type)
+
+
+def test_a_json_body_without_specversion_is_not_a_cloud_event() -> None:
+    with pytest.raises(DecodeError, match="not a CloudEvent"):
+        decode(b'{"id": "1", "source": "s", "type": "t"}', [])
+
+
 def test_foreign_header_values_come_back_as_bytes() -> None:
     message = to_message(b"v", b"k", [("x-trace", b"\xff"), ("x-text", b"plain")])
     key, value, headers = from_message(message.body, dict(message.headers), None)

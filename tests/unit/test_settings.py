@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
-from streamapp import Backoff, ConfigError, Settings
+from streamapp import App, Backoff, ConfigError, Settings
+from streamapp.settings import NOT_SETTINGS
 
 
 def test_defaults_are_valid() -> None:
@@ -167,3 +169,87 @@ def test_backoff_edge_cases() -> None:
     assert Backoff(attempts=3, initial_s=1.0, max_s=1.5).delays() == [1.0, 1.5]
     with pytest.raises(ConfigError, match="startup_retry"):
         Settings(app_id="a", startup_retry=Backoff(attempts=0))
+
+
+# --- unknown names -------------------------------------------------------------------
+
+
+def test_unknown_app_setting_names_the_closest() -> None:
+    with pytest.raises(ConfigError, match="unknown setting 'web_prot'; did you mean 'web_port'"):
+        App("orders", web_prot=7070)
+
+
+def test_unknown_override_and_with_names_the_closest() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'data_dir'"):
+        App("orders").settings(data_dri="/tmp")
+    with pytest.raises(ConfigError, match="did you mean 'poll_timeout_ms'"):
+        Settings(app_id="orders").with_(poll_timeout=1)
+
+
+def test_unknown_setting_without_a_close_one_points_at_the_list() -> None:
+    with pytest.raises(ConfigError, match="unknown setting 'colour'; the settings are"):
+        App("orders", colour="blue")
+
+
+def test_app_id_is_not_a_setting_of_app() -> None:
+    with pytest.raises(ConfigError, match="first argument"):
+        App("orders", app_id="other")
+
+
+def test_unknown_environment_variable_names_the_closest_setting() -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env("orders", env={"STREAMAPP_WEB_PROT": "7070"})
+    assert str(info.value).startswith(
+        "environment variable STREAMAPP_WEB_PROT names no setting; did you mean "
+        "STREAMAPP_WEB_PORT (setting web_port)? (streamapp reads every STREAMAPP_ variable"
+    )
+
+
+def test_unknown_environment_variable_is_caught_when_the_app_loads_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STREAMAPP_PUBLISH_TIMEOUT", "5")
+    with pytest.raises(ConfigError, match="did you mean STREAMAPP_PUBLISH_TIMEOUT_S"):
+        App("orders").settings()
+
+
+def test_producer_acks_is_no_setting() -> None:
+    with pytest.raises(ConfigError, match="always publish with acks=all"):
+        App("orders", kafka_acks=1)
+    with pytest.raises(ConfigError, match=r"STREAMAPP_PRODUCER_ACKS .*acks=all"):
+        Settings.from_env("orders", env={"STREAMAPP_PRODUCER_ACKS": "1"})
+
+
+def test_startup_retry_is_not_read_from_the_environment() -> None:
+    with pytest.raises(ConfigError, match=r"startup_retry=Backoff\(\.\.\.\)"):
+        Settings.from_env("orders", env={"STREAMAPP_STARTUP_RETRY": "3"})
+
+
+def test_variables_of_the_projects_scripts_and_tests_are_allowed() -> None:
+    env = {name: "x" for name in NOT_SETTINGS}
+    env |= {"STREAMAPP_TEST_ARTIFACTS": "/tmp/a", "STREAMAPP_APP_ID": "other", "OTHER_X": "1"}
+    assert Settings.from_env("orders", env=env) == Settings(app_id="orders")
+
+
+VARIABLE = re.compile(r"STREAMAPP_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_])")
+REFUSED_HERE = {"STREAMAPP_STARTUP_RETRY", "STREAMAPP_WEB_PROT", "STREAMAPP_PUBLISH_TIMEOUT"}
+REFUSED_HERE |= {"STREAMAPP_PRODUCER_ACKS"}
+
+
+def test_every_streamapp_variable_the_repository_uses_is_allowed() -> None:
+    """A variable named by scripts, tests, bench, docs or compose files loads."""
+    root = Path(__file__).resolve().parents[2]
+    files = [*(root / "scripts").iterdir(), *root.glob("*.md"), *root.glob("*.yml")]
+    for folder in ("tests", "bench", "agents", "tables", "streamapp"):
+        files += (root / folder).rglob("*.py")
+    used = {v for path in files if path.is_file() for v in VARIABLE.findall(path.read_text())}
+    assert {"STREAMAPP_KAFKA_HEAP", "STREAMAPP_TEST_ARTIFACTS"} <= used
+    assert [name for name in sorted(used - REFUSED_HERE) if not _known(name)] == []
+
+
+def _known(variable: str) -> bool:
+    try:
+        Settings.from_env("orders", env={variable: "1"})
+    except ConfigError as exc:  # a value refused is fine; the name must be known
+        return "names no setting" not in str(exc)
+    return True

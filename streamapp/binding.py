@@ -1,0 +1,130 @@
+"""Which handler parameter receives which table: checked once, when an agent registers.
+
+The rule (``App.agent`` says it to users too):
+
+1. The handler is an ``async def`` function (or an object whose ``__call__`` is one).
+2. Its first positional parameter receives the event. After it come exactly as many
+   positional parameters as ``tables=[...]`` lists, one per table; or fewer and a
+   ``*args`` parameter, which takes the tables left over. Any other parameter is
+   keyword-only with a default (it is never given).
+3. A table parameter receives, when
+   - every listed table has a parameter of its exact name (and there is no ``*args``):
+     the table of its name, whatever the order of the list (binding by name);
+   - otherwise: the table at its position in the list (binding by position). A
+     parameter named after a listed table must then sit at that table's position, or
+     the list and the parameters are in different orders: refused.
+   The event parameter must not be named after a listed table.
+4. ``tables=`` is a list of Tables, each name once.
+
+Table names are compared exactly; a table whose name is not a Python identifier (say
+``order-status``) can only be bound by position.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import ConfigError
+from .tables.table import Table
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def bind_tables(
+    agent: str, handler: Callable[..., Any], tables: Sequence[Table[Any]]
+) -> tuple[Table[Any], ...]:
+    """``tables`` in the order the handler's parameters take them, or ConfigError saying
+    what to change (it names the agent)."""
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"agent {agent!r}: {why}")
+
+    listed = _checked_list(tables, refuse)
+    _check_async(handler, refuse)
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # no signature to read (a C callable): by position
+        return listed
+    params = list(signature.parameters.values())
+    star = next((p for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    positional = [p for p in params if p.kind in _POSITIONAL]
+    never_given = [
+        p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is p.empty
+    ]
+    shown = f"{_name(handler)}{signature}"
+    if never_given:
+        raise refuse(
+            f"handler {shown}: keyword-only parameter(s) {', '.join(never_given)} are never "
+            "given; give them a default or remove them"
+        )
+    if not positional and star is None:
+        raise refuse(f"handler {shown} takes no parameter for the event; write `(event, ...)`")
+    names = [t.name for t in listed]
+    if positional and positional[0].name in names:
+        raise refuse(
+            f"handler {shown}: its first parameter {positional[0].name!r} receives the event, "
+            f"but it is named after table {positional[0].name!r}; the event comes first, "
+            "then one parameter per table"
+        )
+    table_params = [p.name for p in positional[1:]]
+    if len(table_params) > len(listed) or (star is None and len(table_params) < len(listed)):
+        raise refuse(
+            f"handler {shown} takes {len(table_params)} table parameter(s) after the event, "
+            f"but tables=[{', '.join(names)}] lists {len(listed)}; give the handler one "
+            "parameter per listed table (named after it, or in list order), or list one "
+            "table per parameter"
+        )
+    if star is None and listed and sorted(table_params) == sorted(names):
+        by_name = {t.name: t for t in listed}
+        return tuple(by_name[p] for p in table_params)  # binding by name
+    for position, param in enumerate(table_params):
+        if param in names and names[position] != param:
+            raise refuse(
+                f"handler {shown}: parameter {param!r} is named after table {param!r} but "
+                f"sits where tables=[{', '.join(names)}] lists {names[position]!r}, so it "
+                f"would receive table {names[position]!r}. List the tables in parameter "
+                "order, or name every table parameter after its table"
+            )
+    return listed  # binding by position
+
+
+def _checked_list(
+    tables: Sequence[Table[Any]], refuse: Callable[[str], ConfigError]
+) -> tuple[Table[Any], ...]:
+    if isinstance(tables, (Table, str)):
+        raise refuse(f"tables= takes a list of tables: tables=[{tables!r}]")
+    listed = tuple(tables)
+    seen: set[str] = set()
+    for table in listed:
+        if not isinstance(table, Table):
+            raise refuse(f"tables=[...] holds {table!r}, not a Table; declare it as Table(name)")
+        if table.name in seen:
+            raise refuse(f"table {table.name!r} is listed twice in tables=[...]")
+        seen.add(table.name)
+    return listed
+
+
+def _check_async(handler: Any, refuse: Callable[[str], ConfigError]) -> None:
+    if inspect.iscoroutinefunction(handler):
+        return
+    call = getattr(type(handler), "__call__", None)  # noqa: B004 (the class's, not the object's)
+    if not inspect.isroutine(handler) and inspect.iscoroutinefunction(call):
+        return  # an object with ``async def __call__``
+    if not callable(handler):
+        raise refuse(f"the handler {handler!r} is not a function; decorate an `async def`")
+    name = _name(handler)
+    if inspect.isasyncgenfunction(handler):
+        raise refuse(
+            f"handler {name} is an async generator (it yields); a handler returns nothing: "
+            "remove the yield"
+        )
+    raise refuse(
+        f"handler {name} is not an async function; declare it `async def {name}(event, ...)` "
+        "(streamapp awaits it for every event)"
+    )
+
+
+def _name(handler: Any) -> str:
+    return str(getattr(handler, "__name__", None) or type(handler).__name__)
