@@ -14,7 +14,9 @@ from .errors import (
 from .events import Event
 from .history import FromEventStore
 from .outcomes import FailurePolicy, Outcome, Park, Redeliver
+from .outputs import Send
 from .settings import Backoff, Settings
+from .tables.reads import ReadView
 from .tables.table import JsonCodec, Table, TableView
 
 __all__ = [
@@ -32,7 +34,9 @@ __all__ = [
     "Outcome",
     "Park",
     "PublishError",
+    "ReadView",
     "Redeliver",
+    "Send",
     "Settings",
     "StoreLockedError",
     "StreamappError",

@@ -1,37 +1,35 @@
 """Agents: a plain async function of one event plus the tables it declares.
 
-:func:`run_batch` is the one place where a delivery becomes an outcome; the partition
-task (:mod:`streamapp.engine.task`) calls it for every transport, so an agent behaves the
-same over each.
+:func:`handle` is the one place where a delivery becomes an outcome for one agent; the
+partition task (:mod:`streamapp.engine.task`) runs every agent of its topic through it
+(:mod:`streamapp.engine.lane`), for every transport, so an agent behaves the same over each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine.delivery import Decoder, Delivery, Parker, decode_delivery
-from .errors import DecodeError
+from .errors import DecodeError, TableUnavailableError
 from .events import Event
 from .history import History
-from .logs import Gate
-from .outcomes import FailurePolicy, Outcome, Park, Redeliver, check_policy
+from .outcomes import FailurePolicy, Outcome, Redeliver, check_policy
+from .outputs import Outbox, Send
 from .tables.partition import PartitionTables
 from .tables.table import Table
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[..., Awaitable[None]]
-"""``async def handler(event, *table_views) -> None``."""
+"""``async def handler(event, *table_views, send=...) -> None``."""
 
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """A source topic: its name and partition count (its tables are partitioned alike)."""
+    """A declared topic: its name and partition count (tables are partitioned alike)."""
 
     name: str
     partitions: int = 8
@@ -43,24 +41,37 @@ class TopicSpec:
 
 @dataclass(frozen=True)
 class Agent:
-    """One projection: the handler, its source topic, its tables and its failure policy."""
+    """One projection: the handler, its source topic, its tables, what it reads and
+    sends, and its failure policy."""
 
     name: str
     handler: Handler
     topic: TopicSpec
     tables: tuple[Table[Any], ...] = ()
-    """In the order the handler's parameters take them (see ``App.agent``)."""
+    """Its own tables, in the order the handler's parameters take them (see ``App.agent``)."""
     filter: Callable[[Event], bool] | None = None
     on_failure: FailurePolicy = field(default_factory=Redeliver)
     history: History | None = None
     """Replayed into the tables on assignment, before live deliveries (catch-up)."""
+    sinks: tuple[TopicSpec, ...] = ()
+    """Topics it sends derived events to (its handler's ``send`` parameter)."""
+    reads: tuple[Table[Any], ...] = ()
+    """Tables of other, co-partitioned agents it reads (committed state)."""
+    bound: tuple[Table[Any], ...] = ()
+    """``tables`` and ``reads`` in the order of the handler's parameters (empty: tables,
+    then reads)."""
 
     def __post_init__(self) -> None:
         check_policy(self.on_failure, self.name)
 
-    async def __call__(self, event: Event, *views: Any) -> None:
-        """Call the handler directly (handy in unit tests)."""
-        await self.handler(event, *views)
+    @property
+    def views(self) -> tuple[Table[Any], ...]:
+        """Every table the handler takes, own or read, in parameter order."""
+        return self.bound or (*self.tables, *self.reads)
+
+    async def __call__(self, event: Event, *views: Any, **kwargs: Any) -> None:
+        """Call the handler directly (handy in unit tests; pass ``send=`` when it sends)."""
+        await self.handler(event, *views, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,32 +82,24 @@ class Handled:
     """What the handler raised (its traceback is logged the first time per partition)."""
 
 
-@dataclass(frozen=True, slots=True)
-class BatchResult:
-    """``settled`` records (a prefix of the batch) are done; ``failure`` stopped the rest."""
-
-    settled: int
-    failure: Handled | None = None
-    counts: dict[Outcome, int] = field(default_factory=dict)
-
-    @property
-    def redeliver(self) -> bool:
-        return self.failure is not None
-
-
-YIELD_EVERY_S = 0.02
-"""A batch gives the event loop a turn this often: handlers that never await would
-otherwise hold it for a whole batch (group heartbeats, views and other partitions wait)."""
-
-_DELIVERED = Handled(Outcome.DELIVERED)
+DELIVERED = Handled(Outcome.DELIVERED)
 _DUPLICATE = Handled(Outcome.FILTERED, "already applied")
 _FILTERED = Handled(Outcome.FILTERED, "filter")
 
 
 async def handle(
-    agent: Agent, item: Event | DecodeError, tables: PartitionTables | None
+    agent: Agent,
+    item: Event | DecodeError,
+    tables: PartitionTables | None,
+    views: Sequence[Any] | None = None,
+    outbox: Outbox | None = None,
+    send: Send | None = None,
 ) -> Handled:
-    """The outcome of one delivery; table writes of a failed handler are rolled back."""
+    """The outcome of one delivery for ``agent``: ``views`` are the handler's table
+    parameters (None: the views of ``tables``), ``send`` its ``send`` parameter (it buffers
+    into ``outbox``). Table writes and sends of a handler that
+    raised are rolled back; a read of a table partition not served here makes the
+    delivery UNAVAILABLE (tried again later, no failure)."""
     if isinstance(item, DecodeError):
         return Handled(Outcome.NOT_DELIVERABLE, item.reason)
     event = item
@@ -109,112 +112,41 @@ async def handle(
     version = event.stream_version
     if tables is not None and version is not None and tables.applied_version(sid) >= version:
         return _DUPLICATE
+    if views is None:
+        views = tables.views if tables is not None else ()
     try:
         if agent.filter is not None and not agent.filter(event):
             return _FILTERED
-        if tables is None:
-            await agent.handler(event)
+        if send is None:
+            await agent.handler(event, *views)
         else:
-            await agent.handler(event, *tables.views)
+            await agent.handler(event, *views, send=send)
+    except TableUnavailableError as exc:
+        _rollback(tables, outbox)
+        return Handled(Outcome.UNAVAILABLE, str(exc), exc)
     except Exception as exc:
-        return _failed(tables, exc)
+        return _failed(tables, outbox, exc)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise  # a real cancellation of the batch
-        return _failed(tables, exc)  # a handler's own timeout leaking out
+        return _failed(tables, outbox, exc)  # a handler's own timeout leaking out
     if tables is not None:
         if version is not None:
             tables.record_version(sid, version)
         tables.commit_event()
-    return _DELIVERED
+    if outbox is not None:
+        outbox.commit_event()
+    return DELIVERED
 
 
-def _failed(tables: PartitionTables | None, exc: BaseException) -> Handled:
+def _rollback(tables: PartitionTables | None, outbox: Outbox | None) -> None:
     if tables is not None:
         tables.rollback_event()
+    if outbox is not None:
+        outbox.rollback_event()
+
+
+def _failed(tables: PartitionTables | None, outbox: Outbox | None, exc: BaseException) -> Handled:
+    _rollback(tables, outbox)
     return Handled(Outcome.FAILED, f"{type(exc).__name__}: {exc}", exc)
-
-
-async def run_batch(
-    agent: Agent,
-    records: Sequence[Delivery],
-    tables: PartitionTables | None,
-    decode: Decoder,
-    park: Parker,
-    budget_s: float,
-    *,
-    failed_before: Callable[[Delivery], int] = lambda record: 0,
-) -> BatchResult:
-    """Run ``records`` (one partition, in order) through ``agent``.
-
-    Stops at the first failure that the policy does not settle (REDELIVER, or a park
-    that was not confirmed), or when ``budget_s`` is spent, so the caller can flush the
-    settled prefix and seek back to the rest. ``failed_before`` tells how many attempts
-    of a record failed already: once a bounded Redeliver's attempts are spent, its
-    fallback applies instead.
-    """
-    now = time.monotonic()
-    deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
-    counts: dict[Outcome, int] = {}
-    delivered = 0  # the common case, counted without hashing an enum
-    for i, record in enumerate(records):
-        if i:
-            now = time.monotonic()
-            if now > deadline:
-                return BatchResult(i, counts=_counts(counts, delivered))  # out of time
-            if now > next_yield:  # let heartbeats, views and other partitions in
-                await asyncio.sleep(0)
-                next_yield = time.monotonic() + YIELD_EVERY_S
-        handled = await handle(agent, decode_delivery(decode, record), tables)
-        if handled is _DELIVERED:
-            delivered += 1
-            continue
-        counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
-        if handled.outcome.settles:
-            continue
-        policy: FailurePolicy = agent.on_failure
-        reason, attempt = handled.reason, failed_before(record) + 1
-        if isinstance(policy, Redeliver) and policy.spent(attempt) and policy.fallback:
-            policy, reason = policy.fallback, f"gave up after {attempt} attempts: {reason}"
-        if isinstance(policy, Park) and await park(record, reason):
-            _log_failure(agent, record, handled, "parked", logging.DEBUG)
-            continue
-        then = f"will redeliver (attempt {attempt}{_of(agent.on_failure)})"
-        _log_failure(agent, record, handled, then, logging.WARNING)
-        return BatchResult(i, failure=handled, counts=_counts(counts, delivered))
-    return BatchResult(len(records), counts=_counts(counts, delivered))
-
-
-_TRACEBACKS = Gate(window_s=60.0)
-"""A handler's traceback: the first failure per partition, then one a minute."""
-
-
-def _log_failure(agent: Agent, record: Delivery, handled: Handled, then: str, level: int) -> None:
-    """One line per failure; with the traceback the first time per partition (then at
-    most once a minute), so a poison record shows where it failed without flooding."""
-    error = handled.error
-    traceback = error is not None and _TRACEBACKS.due((agent.name, record.topic, record.partition))
-    log.log(
-        logging.WARNING if traceback else level,
-        "agent %s: %s[%d]@%d %s (%s); %s",
-        agent.name,
-        record.topic,
-        record.partition,
-        record.position,
-        handled.outcome.value,
-        handled.reason,
-        then,
-        exc_info=error if traceback else None,
-    )
-
-
-def _of(policy: FailurePolicy) -> str:
-    bound = policy.max_attempts if isinstance(policy, Redeliver) else None
-    return "" if bound is None else f" of {bound}"
-
-
-def _counts(counts: dict[Outcome, int], delivered: int) -> dict[Outcome, int]:
-    if delivered:
-        counts[Outcome.DELIVERED] = counts.get(Outcome.DELIVERED, 0) + delivered
-    return counts

@@ -6,6 +6,7 @@ Settings are read from ``STREAMAPP_*`` and validated when a worker starts.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,21 @@ from .tables.changelog import changelog_topic
 from .tables.table import Table
 
 
+class TopicRole(enum.StrEnum):
+    """Why the app needs a topic (``streamapp topics create`` prints it)."""
+
+    SOURCE = "source"
+    """Feeds agents."""
+    OUTPUT = "output"
+    """Agents send derived events to it (``sinks=[...]``) and no agent of the app reads it."""
+    CHANGELOG = "changelog"
+    """An agent's tables, compacted."""
+    PARKING = "parking"
+    """Where a failure policy parks records."""
+    MEMBERS = "members"
+    """Where workers say which partitions they own (views forward through it)."""
+
+
 @dataclass(frozen=True)
 class TopicPlan:
     """A topic the app needs: what ``streamapp topics create`` makes."""
@@ -28,7 +44,7 @@ class TopicPlan:
     name: str
     partitions: int
     compacted: bool = False
-    role: str = "source"
+    role: TopicRole = TopicRole.SOURCE
 
 
 class App:
@@ -52,7 +68,8 @@ class App:
         return Settings.from_env(self.id, **{**self._overrides, **overrides})
 
     def topic(self, name: str, *, partitions: int = 8) -> TopicSpec:
-        """Declare a source topic (declaring it again returns the same spec)."""
+        """Declare a topic the app reads or sends to (declaring it again returns the same
+        spec)."""
         known = self.topics.get(name)
         if known is not None:
             if known.partitions != partitions:
@@ -67,52 +84,75 @@ class App:
         topic: TopicSpec,
         *,
         tables: Sequence[Table[Any]] = (),
+        reads: Sequence[Table[Any]] = (),
+        sinks: Sequence[TopicSpec] = (),
         filter: Callable[[Event], bool] | None = None,
         on_failure: FailurePolicy | None = None,
         history: History | None = None,
         name: str | None = None,
     ) -> Callable[[Handler], Agent]:
-        """Register ``async def handler(event, *views)`` as an agent of ``topic``.
+        """Register ``async def handler(event, *views, send=...)`` as an agent of ``topic``.
 
         With ``history=FromEventStore()`` each partition first replays its events from
         the event store into the tables, then hands over to ``topic`` (catch-up then live).
 
+        ``sinks=[out]`` declares the topics the agent sends derived events to: the handler
+        takes a keyword-only ``send`` and calls ``send(out, event)``; sends go out with the
+        batch's commit (on Kafka in its transaction, exactly once), never for an event
+        whose handler raised. ``reads=[table]`` gives the handler a read-only view of
+        another agent's table, co-partitioned: committed state of the partition with the
+        event's number.
+
+        Several agents may share a topic: one consumer feeds them all, each with its own
+        tables, outcome and failure policy per event (see :mod:`streamapp.engine.lane`).
+
         Registration refuses (ConfigError naming the agent and what to change):
 
         - a handler that is not ``async def``;
-        - a ``topic`` that is not declared by :meth:`topic` of this app (a string, say);
-        - handler parameters that do not match ``tables``. After the event parameter
-          comes one positional parameter per listed table (or fewer and ``*args``,
-          which takes the rest); other parameters are keyword-only with defaults. When
-          every table has a parameter of its exact name, tables bind by name, whatever
-          the order of the list; otherwise by position, and a parameter named after a
-          listed table must sit at that table's position (else the list and the
-          parameters are in different orders). ``Agent.tables`` is in parameter order.
+        - a ``topic`` or a sink that is not declared by :meth:`topic` of this app;
+        - handler parameters that do not match ``tables`` and ``reads``. After the event
+          parameter comes one positional parameter per listed table, own tables first,
+          then tables read (or fewer and ``*args``, which takes the rest); other
+          parameters are keyword-only with defaults, but ``send``, which an agent with
+          sinks takes and only such an agent. When every table has a parameter of its
+          exact name, tables bind by name, whatever the order of the lists; otherwise by
+          position, and a parameter named after a listed table must sit at that table's
+          position (else the lists and the parameters are in different orders).
+          ``Agent.bound`` is in parameter order;
+        - a table of another agent in ``tables`` (a table has one writer);
+        - a table in ``reads`` that no agent registered so far owns, or whose agent's
+          topic has another partition count (not co-partitioned).
         """
 
         def register(handler: Handler) -> Agent:
             agent_name = name or getattr(handler, "__name__", None) or type(handler).__name__
             self._check_topic(agent_name, topic)
-            bound = bind_tables(agent_name, handler, tables)
+            outputs = self._check_sinks(agent_name, sinks)
+            bound = bind_tables(agent_name, handler, tables, reads, sends=bool(outputs))
             if agent_name in self.agents:
                 raise ConfigError(f"agent {agent_name!r} is registered twice in app {self.id!r}")
+            own = tuple(t for t in bound if t in tuple(tables))
+            read = tuple(t for t in bound if t not in own)
             for other in self.agents.values():
-                if other.topic.name == topic.name:
-                    raise ConfigError(
-                        f"topic {topic.name!r} already feeds agent {other.name!r}; "
-                        "one agent per source topic"
-                    )
-                shared = {t.name for t in other.tables} & {t.name for t in bound}
+                shared = {t.name for t in other.tables} & {t.name for t in own}
                 if shared:
-                    raise ConfigError(f"table(s) {sorted(shared)} belong to agent {other.name!r}")
+                    raise ConfigError(
+                        f"agent {agent_name!r}: table(s) {sorted(shared)} belong to agent "
+                        f"{other.name!r}; a table has one writer: list it in reads=[...] to "
+                        "read it"
+                    )
+            self._check_reads(agent_name, topic, read)
             agent = Agent(
                 name=agent_name,
                 handler=handler,
                 topic=topic,
-                tables=bound,
+                tables=own,
                 filter=filter,
                 on_failure=on_failure or Redeliver(),
                 history=history,
+                sinks=outputs,
+                reads=read,
+                bound=bound,
             )
             self.agents[agent_name] = agent
             self.tables.update({t.name: (agent, t) for t in agent.tables})
@@ -120,27 +160,73 @@ class App:
 
         return register
 
-    def _check_topic(self, agent: str, topic: Any) -> None:
+    def agents_of(self, topic: str) -> list[Agent]:
+        """The agents fed by ``topic``, in registration order (the order they run in)."""
+        return [a for a in self.agents.values() if a.topic.name == topic]
+
+    @property
+    def sources(self) -> dict[str, TopicSpec]:
+        """Every topic that feeds an agent, by name, in registration order."""
+        return {a.topic.name: a.topic for a in self.agents.values()}
+
+    @property
+    def copartitioned(self) -> bool:
+        """True when an agent reads another's table: partition ``p`` of every source topic
+        must then be owned by one worker (Kafka: the range assignor)."""
+        return any(a.reads for a in self.agents.values())
+
+    def _check_sinks(self, agent: str, sinks: Sequence[TopicSpec]) -> tuple[TopicSpec, ...]:
+        if isinstance(sinks, (TopicSpec, str)):
+            raise ConfigError(f"agent {agent!r}: sinks= takes a list of topics: sinks=[{sinks!r}]")
+        out: list[TopicSpec] = []
+        for sink in sinks:
+            self._check_topic(agent, sink, what="sink")
+            if sink in out:
+                raise ConfigError(f"agent {agent!r}: topic {sink.name!r} is listed twice in sinks")
+            out.append(sink)
+        return tuple(out)
+
+    def _check_reads(self, agent: str, topic: TopicSpec, reads: Sequence[Table[Any]]) -> None:
+        for table in reads:
+            owner = self.tables.get(table.name)
+            if owner is None or owner[1] is not table:
+                raise ConfigError(
+                    f"agent {agent!r}: reads=[{table.name!r}] names a table that no agent "
+                    f"registered so far in app {self.id!r} owns; register the agent that "
+                    "writes it (tables=[...]) first"
+                )
+            writer = owner[0]
+            if writer.topic.partitions != topic.partitions:
+                raise ConfigError(
+                    f"agent {agent!r} (topic {topic.name!r}, {topic.partitions} partitions) "
+                    f"cannot read table {table.name!r} of agent {writer.name!r} (topic "
+                    f"{writer.topic.name!r}, {writer.topic.partitions} partitions): a table is "
+                    "read in place, partition p by the event of partition p, so both topics "
+                    "must have the same partition count (co-partitioned). Repartition one "
+                    "topic, or send the events the reader needs to a topic partitioned alike"
+                )
+
+    def _check_topic(self, agent: str, topic: Any, *, what: str = "topic") -> None:
         if isinstance(topic, str):
             raise ConfigError(
-                f"agent {agent!r}: topic {topic!r} is a string; declare it with "
+                f"agent {agent!r}: {what} {topic!r} is a string; declare it with "
                 f"`topic = app.topic({topic!r}, partitions=N)` and pass that"
             )
         if not isinstance(topic, TopicSpec):
             raise ConfigError(
-                f"agent {agent!r}: {topic!r} is not a topic; declare one with "
+                f"agent {agent!r}: {what} {topic!r} is not a topic; declare one with "
                 "`app.topic(name, partitions=N)` and pass that"
             )
         known = self.topics.get(topic.name)
         if known is not None and known != topic:
             raise ConfigError(
-                f"agent {agent!r}: topic {topic.name!r} has {known.partitions} partitions in "
+                f"agent {agent!r}: {what} {topic.name!r} has {known.partitions} partitions in "
                 f"app {self.id!r}, not {topic.partitions}; pass the spec `app.topic(...)` returned"
             )
         if known is None:
             raise ConfigError(
-                f"agent {agent!r}: topic {topic.name!r} ({topic.partitions} partitions) is not "
-                f"a declared topic of app {self.id!r}; declare it with "
+                f"agent {agent!r}: {what} {topic.name!r} ({topic.partitions} partitions) is "
+                f"not a declared topic of app {self.id!r}; declare it with "
                 f"`app.topic({topic.name!r}, partitions={topic.partitions})` on this app"
             )
 
@@ -160,16 +246,22 @@ class App:
         for agent in self.agents.values():
             src = agent.topic
             plan[src.name] = TopicPlan(src.name, src.partitions)
+        for agent in self.agents.values():
+            src = agent.topic
             changelog = self.changelog_topic(agent)
             if changelog is not None:
                 plan[changelog] = TopicPlan(
-                    changelog, src.partitions, compacted=True, role="changelog"
+                    changelog, src.partitions, compacted=True, role=TopicRole.CHANGELOG
+                )
+            for sink in agent.sinks:
+                plan.setdefault(
+                    sink.name, TopicPlan(sink.name, sink.partitions, role=TopicRole.OUTPUT)
                 )
             park = parking(agent.on_failure)
             if park is not None:
                 dest = park.destination
-                plan.setdefault(dest, TopicPlan(dest, src.partitions, role="parking"))
+                plan.setdefault(dest, TopicPlan(dest, src.partitions, role=TopicRole.PARKING))
         if plan:
             members = self.members_topic
-            plan[members] = TopicPlan(members, 1, compacted=True, role="members")
+            plan[members] = TopicPlan(members, 1, compacted=True, role=TopicRole.MEMBERS)
         return list(plan.values())

@@ -79,7 +79,7 @@ class StoreFeed:
         """The live offset from which every event at or after the task's store position
         is found, when the forwarder recorded it; None lets the source decide."""
         return await self.store.live_offset(
-            task.agent.topic.name, task.partition, task.history_position()
+            task.topic.name, task.partition, task.history_position()
         )
 
     def follow(self, task: PartitionTask) -> None:
@@ -148,7 +148,7 @@ class StoreFeed:
                         self._caught_up(task)
             now = time.monotonic()
             for task in failed:  # an event failed under Redeliver: that partition waits
-                self._retry_at[task] = now + task.attempts.pause_s()
+                self._retry_at[task] = now + task.retry_pause_s()
             if at_head and (not rows or failed):
                 await pause(self._stop, self.poll_s)
         _discard(prefetch)
@@ -184,11 +184,11 @@ class StoreFeed:
             position = task.history_position()
             if position >= end:
                 continue
-            n = task.agent.topic.partitions
+            n = task.topic.partitions
             shares = by_count.get(n)
             if shares is None:
                 shares = by_count[n] = self._split(rows, n)
-            topic = task.agent.topic.name
+            topic = task.topic.name
             deliveries = [
                 Message(topic, task.partition, r.position, r.stream_id.encode(), r.payload, ())
                 for r in shares[task.partition]

@@ -18,7 +18,7 @@ import click
 import orjson
 
 from . import logs
-from .app import App, TopicPlan
+from .app import App, TopicPlan, TopicRole
 from .errors import ConfigError, StreamappError
 from .version import streamapp_version
 
@@ -262,7 +262,7 @@ def store_parked(app_ref: str, destinations: tuple[str, ...]) -> None:
     is given as ``<field>_base64``.
     """
     app = load_app(app_ref)
-    wanted = list(destinations) or [p.name for p in app.topic_plan() if p.role == "parking"]
+    wanted = list(destinations) or [p.name for p in app.topic_plan() if p.role is TopicRole.PARKING]
     if not wanted:
         raise click.UsageError(
             f"app {app_ref} has no agent with on_failure=Park(...): name one with --destination"
@@ -449,7 +449,7 @@ def _ask(url: str, path: str, params: dict[str, str]) -> bytes:
 @main.command()
 @app_option
 def agents(app_ref: str) -> None:
-    """List the app's agents: topic, tables, failure policy and history."""
+    """List the app's agents: topic, tables, reads, sinks, failure policy and history."""
     app = load_app(app_ref)
     for agent in app.agents.values():
         history = agent.history
@@ -458,6 +458,8 @@ def agents(app_ref: str) -> None:
             "topic": agent.topic.name,
             "partitions": agent.topic.partitions,
             "tables": [t.name for t in agent.tables],
+            "reads": [t.name for t in agent.reads],
+            "sinks": [t.name for t in agent.sinks],
             "changelog": app.changelog_topic(agent),
             "on_failure": repr(agent.on_failure),
             "history": None if history is None else repr(history),

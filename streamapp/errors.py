@@ -75,6 +75,18 @@ class ForeignKeyError(StreamappError):
     """A handler wrote a key that belongs to another partition of the table."""
 
 
+class OutputError(StreamappError):
+    """A handler sent a derived event that cannot go out as given: to a topic its agent
+    does not declare in ``sinks=[...]``, or without a stream id (the message key)."""
+
+
+class TableUnavailableError(StreamappError):
+    """A handler read another agent's table partition that this worker does not serve
+    right now (restoring, moving, or owned elsewhere): the event waits and is tried again."""
+
+    retriable = True
+
+
 class FencedError(StreamappError):
     """Another worker took the partition over; this one no longer owns it."""
 

@@ -32,12 +32,14 @@ Encoder = Callable[[Event], tuple[bytes | None, bytes | None, list[tuple[str, by
 def forwarded_topics(app: App, settings: Settings) -> list[str]:
     """The topics of ``app``'s agents whose history is the ``event_store`` of ``settings``."""
     store = parse_url(settings.event_store)
-    topics = [
-        agent.topic.name
-        for agent in app.agents.values()
-        if isinstance(agent.history, FromEventStore)
-        and parse_url(agent.history.url or settings.event_store) == store
-    ]
+    topics = list(
+        dict.fromkeys(
+            agent.topic.name
+            for agent in app.agents.values()
+            if isinstance(agent.history, FromEventStore)
+            and parse_url(agent.history.url or settings.event_store) == store
+        )
+    )
     if not topics:
         raise ConfigError(
             f"app {app.id!r} has no agent with history=FromEventStore() on the store of "

@@ -14,12 +14,14 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One record to publish: destination, key, body and headers as bytes."""
+    """One record to publish: destination, key, body and headers as bytes; ``partition``
+    when the publisher chose it (None: the sink's partitioner, over the key)."""
 
     topic: str
     value: bytes | None
     key: bytes | None = None
     headers: Sequence[tuple[str, bytes]] = ()
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

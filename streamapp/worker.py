@@ -54,6 +54,13 @@ class Worker:
         self.metrics = WorkerMetrics()
         self._stop = asyncio.Event()
         for agent in app.agents.values():
+            if agent.sinks and settings.broker == "none":
+                raise ConfigError(
+                    f"agent {agent.name!r} sends derived events to "
+                    f"{[t.name for t in agent.sinks]}, but setting broker "
+                    "(STREAMAPP_BROKER) = 'none' has no broker to send them to: run the app "
+                    "on kafka or rabbitmq"
+                )
             url = agent.history.url if agent.history is not None else None
             if url is not None and url != settings.event_store:
                 raise ConfigError(

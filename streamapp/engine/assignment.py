@@ -9,7 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..app import App
+from ..errors import TableUnavailableError
 from ..partitioner import partition_for
+from ..tables.store import Store
+from ..tables.table import Table
 from .directory import Directory
 from .phase import Phase
 from .task import PartitionTask
@@ -39,6 +42,12 @@ class Assignment:
         agent, _ = self.app.tables[table]
         return self.directory.owner_url(agent.topic.name, partition)
 
+    def read_store(self, table: Table[Any], partition: int) -> Store:
+        """The committed store of ``partition`` of ``table`` on this worker, for an agent
+        that reads it (a :data:`~streamapp.tables.reads.Locator`): served while its task
+        is live or catching up; else TableUnavailableError (not owned here, restoring)."""
+        return read_store(self.tasks, self.app, table, partition)
+
     @property
     def ready(self) -> bool:
         """True when partitions are assigned and every one of them is live."""
@@ -57,3 +66,24 @@ class Assignment:
             task.name: task.status()
             for (_, _), task in sorted(self.tasks.items(), key=lambda kv: kv[0])
         }
+
+
+def read_store(
+    tasks: dict[tuple[str, int], PartitionTask], app: App, table: Table[Any], partition: int
+) -> Store:
+    """``table``'s store of ``partition`` among ``tasks`` (see :meth:`Assignment.read_store`)."""
+    owner, _ = app.tables[table.name]
+    task = tasks.get((owner.topic.name, partition))
+    if task is None:
+        raise TableUnavailableError(
+            f"table {table.name!r} partition {partition} is not owned by this worker (yet)"
+        )
+    tables = task.tables_for(table.name)
+    if tables is None or task.phase not in _READABLE:
+        raise TableUnavailableError(
+            f"table {table.name!r} partition {partition} is {task.phase.value} here"
+        )
+    return tables.store
+
+
+_READABLE = (Phase.LIVE, Phase.CATCHING_UP)

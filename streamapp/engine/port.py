@@ -1,4 +1,4 @@
-"""What a transport gives the partition task: a small port per partition, a changelog.
+"""What a transport gives the partition task: a small port per partition, a transaction.
 
 Kafka, RabbitMQ, the event store and the in-memory broker each implement these; the
 task (:mod:`streamapp.engine.task`) holds everything else.
@@ -6,9 +6,22 @@ task (:mod:`streamapp.engine.task`) holds everything else.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol
 
+from ..agent import Agent
+from ..sink import Message
 from ..tables.partition import BatchChanges, PartitionTables
+
+NO_LANES: Mapping[str, int] = {}
+
+
+class Committed(NamedTuple):
+    """The source's committed position, and the positions of agents that were ahead of it
+    at that commit (by agent name; see :mod:`streamapp.engine.lane`)."""
+
+    position: int
+    ahead: Mapping[str, int]
 
 
 class PartitionPort(Protocol):
@@ -23,8 +36,15 @@ class PartitionPort(Protocol):
     def rewind(self, position: int) -> None:
         """The next delivery of this partition is the one at ``position``."""
 
-    async def settle(self, position: int) -> None:
-        """Every delivery before ``position`` is done (commit the offset; ack)."""
+    async def settle(self, position: int, ahead: Mapping[str, int] = NO_LANES) -> None:
+        """Every delivery before ``position`` is done (commit the offset; ack). ``ahead``:
+        agents of the partition that are further (a transport that can, keeps them with
+        the position: Kafka, in the offset's metadata)."""
+
+    async def committed(self) -> Committed | None:
+        """The last :meth:`settle` that is durable at the source, with its ``ahead``
+        (None: the transport keeps no position, or none was committed)."""
+        ...
 
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         """Start live delivery at ``position``; None: the transport decides (a stateless
@@ -38,20 +58,32 @@ class PartitionPort(Protocol):
         ...
 
 
-class Changelog(Protocol):
-    """Replicates one partition's batches so that another worker can take it over."""
+class Transaction(Protocol):
+    """One partition task's batches made durable atomically (Kafka: a transaction).
 
-    async def open(self, tables: PartitionTables) -> int:
-        """Fence any previous writer, then bring ``tables`` up to the changelog; returns
-        the number of records restored."""
+    A commit holds every agent's changelog records (its tables' changes and checkpoint),
+    every derived event sent, and the source position: all visible to ``read_committed``
+    readers, or none. A stable id per source partition fences a previous owner.
+    """
+
+    async def open(self) -> None:
+        """Fence any previous owner of the partition (its open transaction is aborted)."""
+
+    async def restore(self, agent: Agent, tables: PartitionTables) -> int:
+        """Bring ``agent``'s ``tables`` up to its changelog; the records restored."""
         ...
 
-    async def write(self, batch: BatchChanges) -> int:
-        """Make ``batch`` durable and atomic; returns the next changelog position.
-        Raises FencedError when another worker took the partition over."""
+    async def commit(
+        self,
+        changes: Sequence[tuple[Agent, BatchChanges]],
+        outputs: Sequence[Message],
+        settle: Committed | None,
+    ) -> list[int]:
+        """Commit atomically; returns, per entry of ``changes``, the next changelog
+        position of its agent. Raises FencedError when another worker took over."""
         ...
 
     async def reset(self) -> None:
-        """After a failed write: make the next write possible (a fresh writer)."""
+        """After a failed commit: make the next commit possible (a fresh writer)."""
 
     async def close(self) -> None: ...

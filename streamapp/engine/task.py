@@ -1,12 +1,14 @@
 """The partition task: the life of one source partition, the same for every transport.
 
-Between assignment and revocation the task opens the partition's store, restores it
-from its changelog, replays the event store when the agent has a history (catch-up),
-hands over to live deliveries, runs batches through the agent, commits them in the one
-documented order (:meth:`PartitionTask._commit`), rewinds with back-off when a commit
-fails, and parks what the policy parks. The transport only gives it a
-:class:`~streamapp.engine.port.PartitionPort` and, when state must survive a move, a
-:class:`~streamapp.engine.port.Changelog`.
+Between assignment and revocation the task opens the partition's stores, restores them
+from their changelogs, replays the event store when an agent has a history (catch-up),
+hands over to live deliveries, runs batches through every agent of the topic (each a
+lane, :mod:`streamapp.engine.lane`), commits them in the one documented order
+(:meth:`PartitionTask._commit`), rewinds with back-off when a commit fails, and parks
+what a policy parks. The transport only gives it a
+:class:`~streamapp.engine.port.PartitionPort` and, where batches must survive a move
+atomically, a :class:`~streamapp.engine.port.Transaction`; where there is none, derived
+events go out through ``publish`` (confirmed) before the store write and the settle.
 
 While the task works (a batch, a restore, a catch-up), its partition is paused at the
 source, so the transport's poll loop keeps polling (heartbeats, other partitions).
@@ -17,30 +19,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import structured
-from ..agent import Agent, BatchResult, run_batch
-from ..errors import ConfigError, FencedError, StoreFormatError
+from ..agent import Agent
+from ..errors import ConfigError, FencedError, StoreFormatError, TableUnavailableError
 from ..events import Event
 from ..outcomes import FailurePolicy, Outcome, Redeliver
+from ..outputs import Encoder
 from ..settings import Settings
+from ..sink import Message
 from ..tables.checkpoint import Checkpoint
-from ..tables.partition import PartitionTables, spaces_for
+from ..tables.partition import BatchChanges, PartitionTables, spaces_for
+from ..tables.reads import Locator, ReadView
 from ..tables.store import Store
+from ..tables.table import Table
 from .attempts import Attempts
 from .delivery import STORE_POSITION_HEADER, Decoder, Delivery, Parker
+from .lane import SKIP, Lane, Run, run_lanes
 from .metrics import NO_METRICS, TaskMetrics
 from .pace import Pace, pause
 from .phase import Phase
-from .port import Changelog, PartitionPort
+from .port import Committed, PartitionPort, Transaction
 
 log = logging.getLogger("streamapp.partition")
 
-StoreOpener = Callable[[list[str]], Store]
-"""Opens the partition's store with these spaces (blocking: called in a thread)."""
+StoreOpener = Callable[[Agent, list[str]], Store]
+"""Opens an agent's store of the partition with these spaces (blocking: in a thread)."""
+ParkerFor = Callable[[Agent], Parker]
+"""The Parker of an agent in this partition."""
+Publish = Callable[[Sequence[Message]], Awaitable[object]]
+"""Publishes derived events and returns once the broker confirmed every one."""
 
 
 class HistoryFeed(Protocol):
@@ -90,53 +101,104 @@ class TaskConfig:
         return self.redeliver_pause_s
 
 
+def _unplugged(table: Table[Any], partition: int) -> Store:
+    raise TableUnavailableError(f"table {table.name!r}: this transport serves no table reads")
+
+
 class PartitionTask:
-    """Processes one partition of one agent's source."""
+    """Processes one partition of one source topic through every agent of the topic."""
 
     def __init__(
         self,
-        agent: Agent,
+        agents: Agent | Sequence[Agent],
         partition: int,
         port: PartitionPort,
         *,
         name: str,
         config: TaskConfig,
         decode: Decoder,
-        park: Parker,
+        park: ParkerFor,
         open_store: StoreOpener | None = None,
-        changelog: Changelog | None = None,
+        transaction: Transaction | None = None,
         history: HistoryFeed | None = None,
         metrics: TaskMetrics = NO_METRICS,
+        encode: Encoder | None = None,
+        publish: Publish | None = None,
+        locate: Locator = _unplugged,
     ) -> None:
-        self.agent, self.partition, self.port, self.name = agent, partition, port, name
-        self.config, self._decode, self._park_with = config, decode, park
+        agents = [agents] if isinstance(agents, Agent) else list(agents)
+        if not agents or len({a.topic for a in agents}) != 1:
+            raise ConfigError(f"{name}: a partition task runs the agents of one topic")
+        senders = [a.name for a in agents if a.sinks]
+        if senders and ((transaction is None and publish is None) or encode is None):
+            raise ConfigError(
+                f"{name}: agent(s) {senders} send derived events, but this source has no "
+                "broker to send them to"
+            )
+        self.topic = agents[0].topic
+        self.partition, self.port, self.name = partition, port, name
+        self.config, self._decode = config, decode
         self.metrics = metrics
-        self._open_store, self.changelog, self.history = open_store, changelog, history
+        self._open_store, self.transaction, self.history = open_store, transaction, history
+        self._publish, self._locate = publish, locate
+        self.lanes = [
+            Lane(
+                a,
+                park(a),
+                Attempts(config.first_pause_s(a.on_failure), config.redeliver_backoff_max_s),
+                encode,
+            )
+            for a in agents
+        ]
+        for lane in self.lanes:
+            lane.tracks = config.replay_on_open and lane.agent.history is not None
         self.phase = Phase.RESTORING
         self.busy = False
-        self.tables: PartitionTables | None = None
         self.next_position: int | None = None
         self.start_position: int | None = None
         self.processed = 0
         self.restored = 0
         self.replayed = 0
-        self._tracks = self.config.replay_on_open and agent.history is not None
-        """Live deliveries advance the checkpoint's store position (their header)."""
-        self.history_next = 1
-        """The next store position known here: ahead of the checkpoint when chunks had
-        nothing for this partition (not worth a commit), or for a task without tables."""
         self.follows_store = False
         """True when the event store is this task's live source (STREAMAPP_BROKER=none)."""
-        self.outcomes: dict[Outcome, int] = {}
-        """Outcomes of every delivery handled, live and replayed."""
-        self.attempts = Attempts(
-            config.first_pause_s(agent.on_failure), config.redeliver_backoff_max_s
-        )
-        """Failed attempts of the delivery this partition is stuck at (Redeliver's bound)."""
+        self._replaying: list[Lane] = []
+        """The lanes the event store feeds: catching up, or following the store."""
         self._opening: asyncio.Task[None] | None = None
         self._batch: asyncio.Future[Any] | None = None
         self._reseek = False
         self._closing = asyncio.Event()
+
+    # the first lane, for the common one-agent topic ------------------------------------
+    @property
+    def agent(self) -> Agent:
+        """The topic's first agent (the only one, usually)."""
+        return self.lanes[0].agent
+
+    @property
+    def tables(self) -> PartitionTables | None:
+        """The first agent's tables of this partition (see :meth:`tables_for`)."""
+        return self.lanes[0].tables
+
+    @property
+    def attempts(self) -> Attempts:
+        """The first agent's failed attempts (see :class:`~streamapp.engine.lane.Lane`)."""
+        return self.lanes[0].attempts
+
+    @property
+    def outcomes(self) -> dict[Outcome, int]:
+        """Outcomes of every delivery handled, live and replayed, summed over the agents."""
+        out: dict[Outcome, int] = {}
+        for lane in self.lanes:
+            for outcome, n in lane.outcomes.items():
+                out[outcome] = out.get(outcome, 0) + n
+        return out
+
+    def tables_for(self, table: str) -> PartitionTables | None:
+        """The tables (of this partition) of the agent that owns ``table``, once open."""
+        for lane in self.lanes:
+            if lane.tables is not None and any(t.name == table for t in lane.agent.tables):
+                return lane.tables
+        return None
 
     # lifecycle -------------------------------------------------------------------
     @property
@@ -181,7 +243,7 @@ class PartitionTask:
                 await pace.wait()
 
     async def close(self) -> None:
-        """Finish the batch in hand (it commits), then close the changelog and store."""
+        """Finish the batch in hand (it commits), then close the transaction and stores."""
         self.phase = Phase.CLOSED
         self._closing.set()  # ends a redelivery pause and stops between chunks
         batch = self._batch
@@ -199,16 +261,18 @@ class PartitionTask:
         log.info("closed %s at position %s", self.name, self.next_position)
 
     async def _release(self) -> None:
-        """Close the changelog and the store, whatever fails on the way."""
-        tables, self.tables = self.tables, None
+        """Close the transaction and the stores, whatever fails on the way."""
+        stores = [lane.tables.store for lane in self.lanes if lane.tables is not None]
+        for lane in self.lanes:
+            lane.tables, lane.views = None, []
         try:
-            if self.changelog is not None:
-                await self.changelog.close()
+            if self.transaction is not None:
+                await self.transaction.close()
         except Exception as exc:
-            log.warning("%s: closing the changelog failed: %r", self.name, exc)
+            log.warning("%s: closing the transaction failed: %r", self.name, exc)
         finally:
-            if tables is not None:
-                tables.store.close()
+            for store in stores:
+                store.close()
 
     def _lost(self, exc: BaseException) -> None:
         self.phase = Phase.LOST
@@ -221,65 +285,124 @@ class PartitionTask:
 
     # opening -----------------------------------------------------------------------
     async def _open_tables(self) -> None:
-        agent = self.agent
-        if not agent.tables or self._open_store is None:
-            return
-        opener = self._open_store
-        opening = asyncio.ensure_future(asyncio.to_thread(opener, spaces_for(agent.tables)))
+        for lane in self.lanes:
+            if lane.agent.tables and self._open_store is not None:
+                lane.tables = await self._open_one(lane.agent, self._open_store)
+        if self.transaction is not None:
+            await self.transaction.open()  # fences the previous owner first
+            for lane in self.lanes:
+                if lane.tables is not None:
+                    restored = await self.transaction.restore(lane.agent, lane.tables)
+                    self.restored += restored
+                    self.metrics.restored(lane.name, restored)
+        for lane in self.lanes:
+            lane.views = [self._view(lane, table) for table in lane.agent.views]
+
+    async def _open_one(self, agent: Agent, opener: StoreOpener) -> PartitionTables:
+        spaces = spaces_for(agent.tables)
+        opening = asyncio.ensure_future(asyncio.to_thread(opener, agent, spaces))
         try:  # the open may wait for a previous owner's lock: off the loop
             store = await asyncio.shield(opening)
         except asyncio.CancelledError:  # closed meanwhile: close the store once open
             opening.add_done_callback(_close_when_opened)
             raise
         try:
-            self.tables = PartitionTables(
-                agent.tables, store, self.partition, agent.topic.partitions, where=self.name
+            where = self.name if len(self.lanes) == 1 else f"{self.name} of agent {agent.name}"
+            return PartitionTables(
+                agent.tables, store, self.partition, self.topic.partitions, where=where
             )
         except BaseException:
             store.close()
             raise
-        if self.changelog is not None:
-            self.restored = await self.changelog.open(self.tables)
-            self.metrics.restored(agent.name, self.restored)
+
+    def _view(self, lane: Lane, table: Table[Any]) -> Any:
+        if lane.tables is not None and table in lane.agent.tables:
+            return lane.tables.view(table.name)
+        return ReadView(table, self.partition, self.topic.partitions, self._locate)
 
     async def _catch_up(self) -> None:
-        tables = self.tables
-        if self.agent.history is None or tables is None:
-            return
-        if tables.checkpoint.caught_up and not self.config.replay_on_open:
+        replay_all = self.config.replay_on_open
+        lanes = [
+            lane
+            for lane in self.lanes
+            if lane.agent.history is not None
+            and lane.tables is not None
+            and (replay_all or not lane.tables.checkpoint.caught_up)
+        ]
+        if not lanes:
             return
         if self.history is None:
             raise ConfigError(
-                f"agent {self.agent.name!r} declares a history, but this worker has no "
+                f"agent {lanes[0].name!r} declares a history, but this worker has no "
                 "event store feed for it (setting event_store)"
             )
+        self._replaying = lanes
         self.phase = Phase.CATCHING_UP
         await self.history.catch_up(self)
         if self.phase is not Phase.CATCHING_UP:
             return
-        await self._commit(
-            tables.checkpoint.advanced(caught_up=True, history=self.history_position()), None
-        )
-        log.info("%s caught up at store position %s", self.name, tables.checkpoint.history)
+        done = {lane: lane.history_position() for lane in lanes}
+        await self._commit(None, _history_at(done, caught_up=True))
+        log.info("%s caught up at store position %s", self.name, min(done.values()))
 
     async def _go_live(self) -> None:
-        """Start live delivery where this partition's state stands, then resume it."""
+        """Start live delivery where the lanes' state stands (the lowest of their
+        positions), then resume the partition."""
         if self.phase not in (Phase.RESTORING, Phase.CATCHING_UP):
             return
-        tables = self.tables
-        if tables is None:
-            start = await self.port.begin(None, stateful=False)
+        known, unknown, durable = await self._positions()
+        if unknown:
+            stateful = any(lane.tables is not None for lane in unknown)
+            from_history = any(lane.agent.history is not None for lane in unknown if lane.tables)
+            start = await self.port.begin(None, stateful=stateful, earliest=from_history)
+            known.update(dict.fromkeys(unknown, start))
+            low = min(known.values())
+            if low < start:
+                self.port.rewind(low)
+            start = low
         else:
-            position = tables.checkpoint.live
-            from_history = position is None and self.agent.history is not None
-            if from_history and self.history is not None:
-                position = await self.history.live_start(self)
-            start = await self.port.begin(position, stateful=True, earliest=from_history)
+            start = await self.port.begin(min(known.values()), stateful=True)
+        self._replaying = list(self.lanes) if self.follows_store else []
+        for lane in self.lanes:
+            lane.next = lane.committed = known[lane]
         self.next_position = self.start_position = start
         self._reseek = False
+        if durable:  # the group may be behind the stores (an older streamapp, a crash)
+            await self.port.settle(start, self._ahead(start))
         self.phase = Phase.LIVE
         self.port.resume()
         log.info("live %s at position %d", self.name, start)
+
+    async def _positions(self) -> tuple[dict[Lane, int], list[Lane], bool]:
+        """Each lane's live position where known, the lanes the transport must place,
+        and whether a position came from a checkpoint."""
+        known: dict[Lane, int] = {}
+        unknown: list[Lane] = []
+        durable = False
+        committed: Committed | None = None
+        if len(self.lanes) > 1 and any(lane.tables is None for lane in self.lanes):
+            committed = await self.port.committed()
+        history_start: int | None = None
+        for lane in self.lanes:
+            tables = lane.tables
+            if tables is None:
+                if committed is not None:
+                    known[lane] = committed.ahead.get(lane.name, committed.position)
+                else:
+                    unknown.append(lane)
+                continue
+            position = tables.checkpoint.live
+            if position is not None:
+                known[lane], durable = position, True
+                continue
+            if lane.agent.history is not None and self.history is not None:
+                if history_start is None:
+                    history_start = await self.history.live_start(self)
+                if history_start is not None:
+                    known[lane] = history_start
+                    continue
+            unknown.append(lane)
+        return known, unknown, durable
 
     # live deliveries -----------------------------------------------------------------
     def feed(self, deliveries: Sequence[Delivery]) -> None:
@@ -304,7 +427,7 @@ class PartitionTask:
             self.phase = Phase.LOST
 
     async def process(self, deliveries: Sequence[Delivery]) -> None:
-        """Run live ``deliveries`` (in order) through the agent, commit, then resume."""
+        """Run live ``deliveries`` (in order) through the agents, commit, then resume."""
         config = self.config
         wait_s = 0.0
         try:
@@ -313,16 +436,20 @@ class PartitionTask:
                 if self.phase is not Phase.LIVE:  # closed: the next owner starts at our checkpoint
                     return
                 chunk = deliveries[i : i + size]
-                result = await self._run(chunk, self._decode, config.batch_budget_s)
-                if result.settled:
-                    position = chunk[result.settled - 1].position + 1
-                    stored = _store_position(chunk[: result.settled]) if self._tracks else None
-                    await self._commit_live(position, result.settled, stored)
-                if result.settled < len(chunk):
-                    self._rewind(chunk[result.settled].position)
-                    if result.redeliver:
-                        self.metrics.redelivery(self.agent.name)
-                        wait_s = self.attempts.pause_s()
+                starts = [SKIP if lane.next is None else lane.next for lane in self.lanes]
+                run = await run_lanes(
+                    self.lanes,
+                    starts,
+                    chunk,
+                    self._decode,
+                    config.batch_budget_s,
+                    metrics=self.metrics,
+                )
+                if run.reached != starts:
+                    await self._commit_live(chunk, run)
+                if run.stop is not None:
+                    self._rewind(min(run.reached))
+                    wait_s = self._wait_after(run)
                     break
         except FencedError as exc:
             self._lost(exc)
@@ -340,60 +467,78 @@ class PartitionTask:
         self.busy = False
         self.port.resume()
 
-    async def _run(self, chunk: Sequence[Delivery], decode: Decoder, budget: float) -> BatchResult:
-        started = time.perf_counter()
-        attempts = self.attempts
-        result = await run_batch(
-            self.agent,
-            chunk,
-            self.tables,
-            decode,
-            self._park,
-            budget,
-            failed_before=attempts.before,
-        )
-        if result.failure is not None:
-            attempts.failed_at(chunk[result.settled].position, result.failure.reason)
-        outcomes = self.outcomes
-        for outcome, n in result.counts.items():
-            outcomes[outcome] = outcomes.get(outcome, 0) + n
-        handled = result.settled + (result.failure is not None)
-        self.metrics.batch(self.agent.name, handled, time.perf_counter() - started, result.counts)
-        return result
+    def _wait_after(self, run: Run) -> float:
+        """The pause before the partition is fetched again after ``run`` stopped."""
+        for lane in run.failed:
+            self.metrics.redelivery(lane.name)
+        if run.failed:
+            return max(lane.attempts.pause_s() for lane in run.failed)
+        return self.config.redeliver_pause_s if run.unavailable else 0.0
 
-    async def _park(self, delivery: Delivery, reason: str) -> bool:
-        parked = await self._park_with(delivery, reason)
-        if parked:
-            self.metrics.parked(self.agent.name)
-        return parked
+    def retry_pause_s(self) -> float:
+        """The pause before a failed delivery is tried again (the longest of the lanes
+        failing at it)."""
+        failing = [lane.attempts.pause_s() for lane in self.lanes if lane.attempts.failed]
+        return max(failing, default=self.config.redeliver_pause_s)
 
-    async def _commit_live(self, position: int, settled: int, stored: int | None = None) -> None:
-        tables = self.tables
-        cp = tables.checkpoint.advanced(live=position) if tables is not None else Checkpoint()
-        if stored is not None and tables is not None and stored >= (cp.history or 1):
-            cp = cp.advanced(history=stored + 1)
-        await self._commit(cp, position)
-        self.attempts.settled(position)
-        self.next_position = position
-        self.processed += settled
+    async def _commit_live(self, chunk: Sequence[Delivery], run: Run) -> None:
+        before = self.next_position or 0
+        for lane, reached in zip(self.lanes, run.reached, strict=True):
+            if reached != SKIP:
+                lane.next = reached
+        settle = min(run.reached)
+        stored = {
+            lane: _store_position([d for d in chunk if d.position < (lane.next or 0)])
+            for lane in self.lanes
+            if lane.tracks
+        }
+
+        def live(lane: Lane, cp: Checkpoint) -> Checkpoint:
+            cp = cp.advanced(live=lane.next)
+            position = stored.get(lane)
+            if position is not None and position >= (cp.history or 1):
+                cp = cp.advanced(history=position + 1)
+            return cp
+
+        await self._commit(settle, live)
+        for lane in self.lanes:
+            lane.committed = lane.next
+            if lane.next is not None:
+                lane.attempts.settled(lane.next)
+        self.next_position = settle
+        self.processed += sum(1 for d in chunk if before <= d.position < settle)
 
     def _rewind(self, position: int) -> None:
         self.port.rewind(position)
         self._reseek = False
 
+    def _ahead(self, settle: int) -> dict[str, int]:
+        """Lanes whose position is beyond ``settle`` (kept with it by the transport)."""
+        return {
+            lane.name: lane.next
+            for lane in self.lanes
+            if lane.next is not None and lane.next > settle
+        }
+
     # event-store history -----------------------------------------------------------
     def history_position(self) -> int:
         """The next event-store position this partition needs (1: nothing replayed)."""
-        tables = self.tables
-        if tables is None:
-            return self.history_next
-        return max(tables.checkpoint.history or 1, self.history_next)
+        lanes = self._replaying or self.lanes
+        return min(lane.history_position() for lane in lanes)
+
+    def start_following(self, head: int) -> None:
+        """The event store is the live source from now on (``STREAMAPP_BROKER=none``):
+        agents without tables start after ``head``, the others at their checkpoint."""
+        self.follows_store = True
+        for lane in self.lanes:
+            if lane.tables is None:
+                lane.history_next = head + 1
 
     async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
         """Apply stored events of this partition, read up to ``next_position`` (exclusive),
         and commit with the store position. False when an event failed under Redeliver:
         the position stops before it, and the feed tries again after
-        ``self.attempts.pause_s()``; once a bounded Redeliver's attempts are spent, its
+        :meth:`retry_pause_s`; once a bounded Redeliver's attempts are spent, its
         fallback applies as to live deliveries."""
         live_from_store = self.phase is Phase.LIVE and self.follows_store
         if self.phase is not Phase.CATCHING_UP and not live_from_store:
@@ -419,66 +564,120 @@ class PartitionTask:
     async def _apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
         """Commits in parts of at most ``batch_budget_s`` each, as live batches do: a slow
         handler never holds a whole store chunk (up to 10,000 events) uncommitted."""
+        lanes = self._replaying or self.lanes
         if not deliveries:  # nothing of this partition: advance without a commit
-            self.history_next = max(self.history_next, next_position)
+            for lane in lanes:
+                lane.history_next = max(lane.history_next, next_position)
             return True
         budget = self.config.batch_budget_s
         while True:
-            result = await self._run(deliveries, decode_stored, budget)
-            cut = result.settled < len(deliveries)
-            done = deliveries[result.settled].position if cut else next_position
-            tables = self.tables
-            if result.settled or not cut:
-                if tables is not None:
-                    await self._commit(tables.checkpoint.advanced(history=done), None)
-                self.attempts.settled(done)
-                self.history_next = done
-            self.replayed += result.settled
-            self.metrics.replayed(self.agent.name, result.settled)
-            if result.redeliver:
-                self.metrics.redelivery(self.agent.name)
-            if not cut:
+            starts = [lane.history_position() if lane in lanes else SKIP for lane in self.lanes]
+            run = await run_lanes(
+                self.lanes, starts, deliveries, decode_stored, budget, metrics=self.metrics
+            )
+            done = {
+                lane: max(lane.history_position(), next_position if run.stop is None else reached)
+                for lane, reached in zip(self.lanes, run.reached, strict=True)
+                if lane in lanes
+            }
+            if run.stop is None or run.reached != starts:
+                await self._commit(None, _history_at(done))
+                for lane, position in done.items():
+                    lane.history_next = max(lane.history_next, position)
+                    lane.attempts.settled(position)
+            low = min(done.values())
+            settled = sum(1 for d in deliveries if d.position < low)
+            self.replayed += settled
+            for lane in lanes:
+                self.metrics.replayed(lane.name, settled)
+            for lane in run.failed:
+                self.metrics.redelivery(lane.name)
+            if run.stop is None:
                 return True
-            if result.failure is not None or self._closing.is_set():
+            if not run.cut or self._closing.is_set():
                 return False
-            deliveries = deliveries[result.settled :]  # out of budget: commit, go on
+            deliveries = [d for d in deliveries if d.position >= low]  # out of budget: go on
 
     # the commit order --------------------------------------------------------------
-    async def _commit(self, checkpoint: Checkpoint, settle_at: int | None) -> None:
-        """Commit the open batch with ``checkpoint``. The one commit order of streamapp:
+    async def _commit(
+        self, settle_at: int | None, checkpoint: Callable[[Lane, Checkpoint], Checkpoint]
+    ) -> None:
+        """Commit the open batch of every lane, each with ``checkpoint(lane, current)``.
+        The one commit order of streamapp:
 
-        1. the changelog gets the batch's changes and checkpoint, atomically (on Kafka a
-           transaction; a new owner restores only committed batches);
-        2. the store gets the same changes and checkpoint in one atomic write;
-        3. the source settles up to ``settle_at`` (offset commit, acks).
+        1. the changelogs get every lane's changes and checkpoint, with the derived
+           events sent and the source position ``settle_at``, atomically (Kafka: one
+           transaction; a new owner restores only committed batches, a ``read_committed``
+           reader sees only committed sends). Without a transaction (RabbitMQ, the memory
+           broker) the derived events are published, confirmed, here instead;
+        2. each lane's store gets the same changes and checkpoint in one atomic write;
+        3. the source settles up to ``settle_at`` (acks; a Kafka offset not in 1).
 
-        A crash between 1 and 2 leaves the store behind its changelog: the next open
+        A crash between 1 and 2 leaves a store behind its changelog: the next open
         restores the tail. A crash between 2 and 3 leaves the source behind the store:
         the checkpoint says where to resume, and the stream-version guard skips what a
-        redelivery repeats. Nothing is settled before it is durable in the table.
+        redelivery repeats (sends made in 1 without a transaction go out again then: at
+        least once). Nothing is settled before it is durable in the table.
         """
         started = time.perf_counter()
-        tables = self.tables
-        if tables is not None:
-            batch = tables.take_batch(checkpoint)
-            position = await self.changelog.write(batch) if self.changelog is not None else None
+        changes: list[tuple[Lane, BatchChanges]] = []
+        for lane in self.lanes:
+            tables = lane.tables
+            if tables is None:
+                continue
+            cp = checkpoint(lane, tables.checkpoint)
+            batch = tables.take_batch(cp)
+            if not batch.empty or cp != tables.checkpoint:
+                changes.append((lane, batch))
+        outputs = [m for lane in self.lanes if lane.outbox is not None for m in lane.outbox.take()]
+        ahead = {} if settle_at is None else self._ahead(settle_at)
+        settled = False
+        if self.transaction is not None:
+            settle = None if settle_at is None else Committed(settle_at, ahead)
+            positions: list[int | None] = list(
+                await self.transaction.commit(
+                    [(lane.agent, b) for lane, b in changes], outputs, settle
+                )
+            )
+            settled = settle is not None
+        else:
+            if outputs:
+                assert self._publish is not None  # checked in __init__
+                await self._publish(outputs)
+            positions = [None] * len(changes)
+        try:
             # Synchronous on purpose: rocksdict holds the GIL while writing, so a thread
             # would not free the loop, and a write must never race the store's close.
-            tables.write(batch, position)
-        if settle_at is not None:
-            await self.port.settle(settle_at)
-        self.metrics.commit(self.agent.name, time.perf_counter() - started)
+            for (lane, batch), position in zip(changes, positions, strict=True):
+                assert lane.tables is not None
+                lane.tables.write(batch, position)
+        except Exception as exc:
+            if self.transaction is not None:  # committed: rewinding would send twice
+                self.phase = Phase.LOST
+                log.error(
+                    "%s: the store write failed after the transaction committed (%r); the "
+                    "partition stops here: restart the worker, its stores are restored "
+                    "from the changelogs",
+                    self.name,
+                    exc,
+                )
+            raise
+        if settle_at is not None and not settled:
+            await self.port.settle(settle_at, ahead)
+        duration = time.perf_counter() - started
+        for lane in self.lanes:
+            self.metrics.commit(lane.name, duration)
 
     async def _recover(self) -> bool:
-        """After a failed commit: drop the batch, reset the changelog writer, rewind to
-        the checkpoint. Retries with back-off while the partition is ours."""
+        """After a failed commit: drop the batch, reset the transaction, rewind to the
+        checkpoint. Retries with back-off while the partition is ours."""
         pace = Pace(self._closing)
         while self.phase in (Phase.LIVE, Phase.CATCHING_UP):
             try:
-                if self.tables is not None:
-                    self.tables.drop_batch()
-                if self.changelog is not None:
-                    await self.changelog.reset()
+                for lane in self.lanes:
+                    lane.drop()
+                if self.transaction is not None:
+                    await self.transaction.reset()
                 if self.next_position is not None and self.phase is Phase.LIVE:
                     self._rewind(self.next_position)
                 return True
@@ -501,21 +700,23 @@ class PartitionTask:
 
     def table_sizes(self) -> dict[str, int]:
         """Keys per table of this partition, where the store knows cheaply."""
-        tables = self.tables
-        if tables is None:
-            return {}
         out = {}
-        for table in tables.tables:
-            n = tables.store.count(table.data_space)
-            if n is not None:
-                out[table.name] = n
+        for lane in self.lanes:
+            tables = lane.tables
+            if tables is None:
+                continue
+            for table in tables.tables:
+                n = tables.store.count(table.data_space)
+                if n is not None:
+                    out[table.name] = n
         return out
 
     def status(self) -> dict[str, object]:
-        cp = self.tables.checkpoint if self.tables is not None else None
+        first = next((lane.tables for lane in self.lanes if lane.tables is not None), None)
+        cp = first.checkpoint if first is not None else None
         return {
-            "agent": self.agent.name,
-            "topic": self.agent.topic.name,
+            "agent": ", ".join(lane.name for lane in self.lanes),
+            "topic": self.topic.name,
             "partition": self.partition,
             "phase": self.phase.value,
             "busy": self.busy,
@@ -525,15 +726,40 @@ class PartitionTask:
             "processed": self.processed,
             "restored": self.restored,
             "replayed": self.replayed,
-            "outcomes": {o.value: n for o, n in sorted(self.outcomes.items(), key=_by_value)},
+            "outcomes": _named(self.outcomes),
             "store_position": None if cp is None else cp.history,
             "caught_up": None if cp is None else cp.caught_up,
             "checkpoint": None if cp is None else cp.live,
+            "agents": {lane.name: _lane_status(lane) for lane in self.lanes},
         }
 
 
-def _by_value(item: tuple[Outcome, int]) -> str:
-    return item[0].value
+def _history_at(
+    done: dict[Lane, int], *, caught_up: bool = False
+) -> Callable[[Lane, Checkpoint], Checkpoint]:
+    """Checkpoints advanced to the store positions in ``done`` (other lanes' unchanged)."""
+
+    def advanced(lane: Lane, cp: Checkpoint) -> Checkpoint:
+        if lane not in done:
+            return cp
+        cp = cp.advanced(history=done[lane])
+        return cp.advanced(caught_up=True) if caught_up else cp
+
+    return advanced
+
+
+def _lane_status(lane: Lane) -> dict[str, object]:
+    cp = lane.tables.checkpoint if lane.tables is not None else None
+    return {
+        "position": lane.next,
+        "outcomes": _named(lane.outcomes),
+        "store_position": None if cp is None else cp.history,
+        "caught_up": None if cp is None else cp.caught_up,
+    }
+
+
+def _named(outcomes: dict[Outcome, int]) -> dict[str, int]:
+    return {o.value: n for o, n in sorted(outcomes.items(), key=lambda kv: kv[0].value)}
 
 
 def _store_position(deliveries: Sequence[Delivery]) -> int | None:

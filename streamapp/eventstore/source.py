@@ -18,16 +18,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from ..agent import Agent
 from ..app import App
 from ..catchup import StoreFeed
 from ..engine.assignment import Assignment
 from ..engine.metrics import NO_METRICS, TaskMetrics
 from ..engine.parking import parker
+from ..engine.port import NO_LANES, Committed
 from ..engine.task import PartitionTask, TaskConfig, decode_stored
 from ..settings import Settings
-from ..tables.store import rocks_opener
+from ..tables.store import Store, rocks_opener
 from .base import EventStoreBackend
 
 log = logging.getLogger("streamapp.eventstore")
@@ -49,8 +51,11 @@ class _StorePort:
     def rewind(self, position: int) -> None:
         pass
 
-    async def settle(self, position: int) -> None:
+    async def settle(self, position: int, ahead: Mapping[str, int] = NO_LANES) -> None:
         pass  # the checkpoint in the table is the only position
+
+    async def committed(self) -> Committed | None:
+        return None
 
     def end(self) -> int | None:
         return None  # store positions are global: no per-partition end
@@ -58,8 +63,8 @@ class _StorePort:
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         task = self.task
         assert task is not None
-        if not stateful:  # no state to build: new events only, like a new consumer group
-            task.history_next = await self.feed.store.head() + 1
+        # Agents without tables start with new events only, like a new consumer group.
+        task.start_following(await self.feed.store.head())
         self.feed.follow(task)
         return task.history_position()
 
@@ -103,29 +108,33 @@ class StoreSource:
     async def start(self) -> None:
         await self._lock.__aenter__()  # raises when another worker holds it
         self._locked = True
-        for agent in self.app.agents.values():
-            for p in range(agent.topic.partitions):
-                task = self._task(agent.name, p)
-                self.assignment.tasks[(agent.topic.name, p)] = task
+        for topic in self.app.sources.values():
+            for p in range(topic.partitions):
+                task = self._task(topic.name, p)
+                self.assignment.tasks[(topic.name, p)] = task
                 task.start()
         self.assignment.rebalancing = False
 
-    def _task(self, agent_name: str, p: int) -> PartitionTask:
-        agent = self.app.agents[agent_name]
-        settings = self.settings
-        name = f"{agent.topic.name}[{p}]"
+    def _task(self, topic: str, p: int) -> PartitionTask:
+        settings, app = self.settings, self.app
+        name = f"{topic}[{p}]"
         port = _StorePort(self.feed)
+
+        def open_store(agent: Agent, spaces: list[str]) -> Store:
+            return rocks_opener(settings, app.id, agent.name, p)(spaces)
+
         task = PartitionTask(
-            agent,
+            app.agents_of(topic),
             p,
             port,
             name=name,
             config=self._config,
             decode=decode_stored,
-            park=parker(self._parking, agent, name),
-            open_store=rocks_opener(settings, self.app.id, agent.name, p),
+            park=lambda agent: parker(self._parking, agent, name),
+            open_store=open_store,
             history=self.feed,
             metrics=self.metrics,
+            locate=self.assignment.read_store,
         )
         port.task = task
         return task

@@ -1,22 +1,60 @@
-"""The partition port on Kafka: pause, resume, seek and commit one assigned partition."""
+"""The partition port on Kafka: pause, resume, seek and commit one assigned partition.
+
+A commit may carry, in the offset's metadata, the agents of the topic that are ahead of
+the committed offset (several agents on one topic, :mod:`streamapp.engine.lane`):
+``{"streamapp": 1, "ahead": {agent: next offset}}`` as JSON. :meth:`committed` reads it
+back, so a restart does not run a record again through an agent that had settled it.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import IllegalStateError, KafkaError
 
+from ..engine.port import NO_LANES, Committed
 from ..errors import SourceError
 
 log = logging.getLogger("streamapp.partition")
 
 
+def offset_metadata(ahead: Mapping[str, int]) -> str:
+    """The metadata of a committed offset: the agents ahead of it ("" when none)."""
+    if not ahead:
+        return ""
+    return orjson.dumps({"streamapp": 1, "ahead": dict(ahead)}).decode()
+
+
+def parse_metadata(metadata: str | None) -> dict[str, int]:
+    """The agents ahead of a committed offset, from its metadata (anything else: none)."""
+    if not metadata:
+        return {}
+    try:
+        body = orjson.loads(metadata)
+        ahead = body["ahead"] if isinstance(body, dict) and body.get("streamapp") == 1 else {}
+        return {str(k): int(v) for k, v in ahead.items()}
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return {}
+
+
 class KafkaPartitionPort:
     """One assigned partition of the group member's consumer."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, tp: TopicPartition, reset: str) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        reset: str,
+        *,
+        admin: AIOKafkaAdminClient | None = None,
+        group_id: str = "",
+    ) -> None:
         self.consumer, self.tp, self.reset = consumer, tp, reset
+        self.admin, self.group_id = admin, group_id
         self.name = f"{tp.topic}[{tp.partition}]"
 
     def pause(self) -> None:
@@ -28,10 +66,10 @@ class KafkaPartitionPort:
     def rewind(self, position: int) -> None:
         self._quietly(self.consumer.seek, self.tp, position)
 
-    async def settle(self, position: int) -> None:
+    async def settle(self, position: int, ahead: Mapping[str, int] = NO_LANES) -> None:
         """Commit ``position``: only the task calls it, once the batch is durable."""
         try:
-            await self.consumer.commit({self.tp: position})
+            await self.consumer.commit({self.tp: (position, offset_metadata(ahead))})
         except KafkaError as exc:  # not owned any more, or the group moved on
             log.info(
                 "%s: offset commit %d skipped (%r); the table checkpoint holds",
@@ -39,6 +77,20 @@ class KafkaPartitionPort:
                 position,
                 exc,
             )
+
+    async def committed(self) -> Committed | None:
+        if self.admin is None:
+            return None
+        try:
+            found = await self.admin.list_consumer_group_offsets(
+                self.group_id, partitions=[self.tp]
+            )
+        except KafkaError as exc:
+            raise SourceError(f"{self.name}: cannot read the committed offset: {exc!r}") from exc
+        meta = found.get(self.tp)
+        if meta is None or meta.offset < 0:
+            return None
+        return Committed(int(meta.offset), parse_metadata(meta.metadata))
 
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         try:
@@ -51,9 +103,6 @@ class KafkaPartitionPort:
             return int(await self.consumer.position(self.tp))
         if position is not None:
             self.rewind(position)
-            # The store may be ahead of the group (killed between store write and
-            # commit): commit what is durable so that lag reads true.
-            await self.settle(position)
             return position
         reset = "earliest" if earliest else self.reset
         if reset == "earliest":  # a new table: built from the topic, not the group

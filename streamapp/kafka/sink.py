@@ -120,7 +120,11 @@ class KafkaSink:
                 for m in messages:
                     futures.append(
                         await self._producer.send(
-                            m.topic, m.value, key=m.key, headers=list(m.headers)
+                            m.topic,
+                            m.value,
+                            key=m.key,
+                            headers=list(m.headers),
+                            partition=m.partition,
                         )
                     )
                 metas = await asyncio.gather(*futures)

@@ -14,10 +14,12 @@ from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
-from ..agent import Agent
+from ..agent import Agent, TopicSpec
 from ..app import App
 from ..engine.assignment import Assignment
 from ..engine.delivery import Delivery, Message
@@ -27,13 +29,13 @@ from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
 from ..errors import SourceError
 from ..events import Event
 from ..settings import Settings
-from ..tables.store import rocks_opener
+from ..tables.store import Store, rocks_opener
 from . import codec
-from .changelog import KafkaChangelog
 from .port import KafkaPartitionPort
 from .retry import with_startup_retry
 from .sink import KafkaSink
 from .topics import check_topics, delete_retention_ms
+from .transaction import KafkaTransaction
 
 log = logging.getLogger("streamapp.kafka")
 
@@ -43,7 +45,15 @@ def decode(delivery: Delivery) -> Event:
 
 
 class KafkaSource:
-    """Consumes every agent's source topic as one member of the app's group."""
+    """Consumes every agent's source topic as one member of the app's group.
+
+    One partition task per (topic, partition) runs every agent of the topic. Its commits
+    are Kafka transactions (changelogs, derived events and the offset together) when an
+    agent of the topic has tables or sends derived events; otherwise plain offset
+    commits. Partitions are assigned round robin, or by range when an agent reads
+    another's table: range gives partition ``p`` of every topic with the same partition
+    count to the same member (co-partitioning; every member subscribes to every topic).
+    """
 
     def __init__(
         self,
@@ -57,9 +67,11 @@ class KafkaSource:
         self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
         self.history, self.metrics = history, metrics
         self.assignment = Assignment(app)
-        self._agents = {a.topic.name: a for a in app.agents.values()}
+        self._topics = app.sources
         self._config = TaskConfig.from_settings(settings)
         self._retention: dict[str, int] = {}
+        self._admin: AIOKafkaAdminClient | None = None
+        assignor = RangePartitionAssignor if app.copartitioned else RoundRobinPartitionAssignor
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.kafka_bootstrap,
             group_id=settings.group_id,
@@ -71,7 +83,7 @@ class KafkaSource:
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             rebalance_timeout_ms=settings.rebalance_timeout_ms,
             isolation_level="read_committed",  # aborted upstream writes never reach agents
-            partition_assignment_strategy=(RoundRobinPartitionAssignor,),
+            partition_assignment_strategy=(assignor,),
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -81,8 +93,12 @@ class KafkaSource:
         await check_topics(self.app, self.settings, self.app_ref)
         changelogs = [self.app.changelog_topic(a) for a in self.app.agents.values()]
         self._retention = await delete_retention_ms(self.settings, [t for t in changelogs if t])
+        if any(len(self.app.agents_of(t)) > 1 for t in self._topics):
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+            await with_startup_retry(self.settings, "Kafka admin", admin.start)
+            self._admin = admin  # reads the agents ahead of committed offsets
         await with_startup_retry(self.settings, "Kafka consumer", self._consumer.start)
-        self._consumer.subscribe(list(self._agents), listener=_Listener(self))
+        self._consumer.subscribe(list(self._topics), listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._poll_loop(), name="poll loop")
 
     async def stop(self) -> None:
@@ -93,6 +109,8 @@ class KafkaSource:
         await self._release(list(self.assignment.tasks))
         await self._consumer.stop()
         await self._release(list(self.assignment.tasks))  # any taken during the leave
+        if self._admin is not None:
+            await self._admin.close()
 
     async def wait(self) -> None:
         """Until the poll loop ends (it raises when the consumer fails for good)."""
@@ -134,41 +152,55 @@ class KafkaSource:
         if self._stopping:
             return
         for tp in assigned:
-            agent = self._agents.get(tp.topic)
-            if agent is None:
+            topic = self._topics.get(tp.topic)
+            if topic is None:
                 continue
             log.info("assigned %s[%d]", tp.topic, tp.partition)
-            task = self._task(agent, tp)
+            task = self._task(topic, tp)
             self.assignment.tasks[(tp.topic, tp.partition)] = task
             task.start()
 
-    def _task(self, agent: Agent, tp: TopicPartition) -> PartitionTask:
-        settings, p = self.settings, tp.partition
+    def _task(self, topic: TopicSpec, tp: TopicPartition) -> PartitionTask:
+        settings, app, p = self.settings, self.app, tp.partition
         name = f"{tp.topic}[{p}]"
-        changelog = None
-        topic = self.app.changelog_topic(agent)
-        if topic is not None:
-            changelog = KafkaChangelog(
+        agents = app.agents_of(topic.name)
+        transaction = None
+        if any(a.tables or a.sinks for a in agents):
+            transaction = KafkaTransaction(
                 settings.kafka_bootstrap,
-                f"{self.app.id}-{agent.name}-{p}",
-                topic,
-                p,
+                transactional_id(app.id, topic.name, p),
+                tp,
+                settings.group_id,
+                app.changelog_topic,
                 timeout_s=settings.publish_timeout_s,
                 stall_timeout_s=settings.restore_stall_timeout_s,
-                retention_ms=self._retention.get(topic),
+                retention_ms=self._retention,
             )
+        port = KafkaPartitionPort(
+            self._consumer,
+            tp,
+            settings.auto_offset_reset,
+            admin=self._admin,
+            group_id=settings.group_id,
+        )
+
+        def open_store(agent: Agent, spaces: list[str]) -> Store:
+            return rocks_opener(settings, app.id, agent.name, p)(spaces)
+
         return PartitionTask(
-            agent,
+            agents,
             p,
-            KafkaPartitionPort(self._consumer, tp, settings.auto_offset_reset),
+            port,
             name=name,
             config=self._config,
             decode=decode,
-            park=parker(self.sink, agent, name),
-            open_store=rocks_opener(settings, self.app.id, agent.name, p),
-            changelog=changelog,
+            park=lambda agent: parker(self.sink, agent, name),
+            open_store=open_store,
+            transaction=transaction,
             history=self.history,
             metrics=self.metrics,
+            encode=codec.encode,
+            locate=self.assignment.read_store,
         )
 
     async def _release(self, revoked: Iterable[tuple[str, int] | TopicPartition]) -> None:
@@ -179,6 +211,12 @@ class KafkaSource:
         for task, result in zip(closing, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("closing %s failed: %r", task.name, result)
+
+
+def transactional_id(app_id: str, topic: str, partition: int) -> str:
+    """The transactional id of a source partition's task: stable, so that the next owner
+    fences the previous one (one per input partition, PITFALLS.md)."""
+    return f"{app_id}-{topic}-{partition}"
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -8,7 +8,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
-from ..app import App
+from ..app import App, TopicRole
 from ..errors import ConfigError, MissingTopicError
 from ..settings import Settings
 from .retry import with_startup_retry
@@ -80,13 +80,19 @@ async def check_topics(app: App, settings: Settings, app_ref: str) -> None:
     plan = app.topic_plan()
     partitions = await partition_counts(settings, [p.name for p in plan])
     # Without the members topic (made by an older streamapp) views do not forward.
-    missing = [p.name for p in plan if not partitions.get(p.name) and p.role != "members"]
+    missing = [
+        p.name for p in plan if not partitions.get(p.name) and p.role is not TopicRole.MEMBERS
+    ]
     if missing:
         raise MissingTopicError(missing, app_ref)
     for p in plan:
         have = partitions[p.name]
-        if p.role in ("source", "changelog") and have != p.partitions:
+        if p.role in _COUNTED and have != p.partitions:
             raise ConfigError(
                 f"topic {p.name!r} has {have} partitions but the app declares {p.partitions} "
-                f"({p.role}); tables are partitioned like their source, so these must match"
+                f"({p.role}); tables are partitioned like their source and derived events "
+                "are routed by the declared count, so these must match"
             )
+
+
+_COUNTED = (TopicRole.SOURCE, TopicRole.CHANGELOG, TopicRole.OUTPUT)

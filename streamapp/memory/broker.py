@@ -3,8 +3,10 @@
 Same agents, same outcomes, same failure policies and table semantics as over Kafka,
 because it runs the same partition task (:mod:`streamapp.engine.task`) through an
 in-memory port: records are kept in partitioned lists, tables in MemoryStores, parked
-records go to in-memory topics. It is a product feature for users; streamapp's own
-integration tests never use it in place of a real broker.
+records and derived events (``sinks=[...]``) go to in-memory topics, and a derived event
+sent to a topic that feeds an agent is processed in the same :meth:`MemoryBroker.process`
+call. It is a product feature for users; streamapp's own integration tests never use it
+in place of a real broker.
 
     broker = MemoryBroker(app)
     broker.send("orders", Event.create("order.placed", stream_id="o-1", data={}))
@@ -19,23 +21,30 @@ failed ``max_attempts`` times, so a test cannot pass while records are stuck.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..agent import Agent
-from ..app import App
+from ..app import App, TopicRole
+from ..engine.assignment import read_store
 from ..engine.delivery import Delivery, Message
 from ..engine.metrics import NO_METRICS, TaskMetrics
 from ..engine.parking import parker
+from ..engine.port import NO_LANES, Committed
 from ..engine.task import PartitionTask, TaskConfig
 from ..errors import StreamappError
 from ..events import Event
 from ..kafka import codec
 from ..outcomes import Outcome, Redeliver
 from ..partitioner import partition_for
+from ..sink import Message as Outgoing
+from ..sink import Receipt
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
+
+MAX_ROUNDS = 100
+"""Rounds of :meth:`MemoryBroker.process` while derived events feed further agents."""
 
 
 def _decode(delivery: Delivery) -> Event:
@@ -105,8 +114,11 @@ class _MemoryPort:
     def rewind(self, position: int) -> None:
         self.position = position
 
-    async def settle(self, position: int) -> None:
+    async def settle(self, position: int, ahead: Mapping[str, int] = NO_LANES) -> None:
         self.position = max(self.position, position)
+
+    async def committed(self) -> Committed | None:
+        return None  # the task lives as long as the broker: its lanes keep their positions
 
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         if position is not None:
@@ -154,7 +166,7 @@ class MemoryBroker:
             redeliver_pause_s=0.0, batch_budget_s=batch_budget_s, policy_pauses=False
         )
         for plan in app.topic_plan():
-            if plan.role not in ("changelog", "members"):
+            if plan.role not in (TopicRole.CHANGELOG, TopicRole.MEMBERS):
                 self.topics[plan.name] = [[] for _ in range(plan.partitions)]
 
     def send(self, topic: str, event: Event) -> Message:
@@ -169,10 +181,13 @@ class MemoryBroker:
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
     ) -> Message:
         """Append any record, CloudEvent or not, to ``topic``."""
         partitions = self._topic(topic)
-        p = partition_for(key, len(partitions)) if key is not None else 0
+        p = partition if partition is not None else 0
+        if partition is None and key is not None:
+            p = partition_for(key, len(partitions))
         record = Message(topic, p, len(partitions[p]), key, value, tuple(headers))
         partitions[p].append(record)
         return record
@@ -187,6 +202,16 @@ class MemoryBroker:
     ) -> None:
         """The broker as a sink (parking): a confirmed in-memory append."""
         self.send_raw(topic, value, key=key, headers=headers)
+
+    async def publish_many(self, messages: Sequence[Outgoing]) -> list[Receipt]:
+        """The broker as the sink of derived events: confirmed in-memory appends."""
+        out = []
+        for m in messages:
+            record = self.send_raw(
+                m.topic, m.value, key=m.key, headers=m.headers, partition=m.partition
+            )
+            out.append(Receipt(m.topic, record.partition, record.position))
+        return out
 
     def records(self, topic: str) -> list[Message]:
         """Every record of ``topic``, partition by partition (e.g. a parking topic)."""
@@ -212,63 +237,91 @@ class MemoryBroker:
         ``max_attempts`` attempts stops its partition; the other partitions and agents
         are run all the same, then :class:`StuckRecordsError` names every stuck record
         (agent, topic, partition, position, event, last error). A later call tries them
-        again.
+        again. Derived events sent to a topic that feeds agents are processed in further
+        rounds of the same call.
         """
+        for topic in self.app.sources.values():  # all open first: agents read each other
+            for p in range(topic.partitions):
+                await self._task(topic.name, p)
         counts: Counter[Outcome] = Counter()
-        stuck: list[StuckRecord] = []
-        for agent in self.app.agents.values():
-            for p in range(agent.topic.partitions):
-                handled, stopped = await self._drain(agent, p)
-                counts.update(handled)
-                if stopped is not None:
-                    stuck.append(stopped)
+        stuck: dict[tuple[str, int], StuckRecord] = {}
+        for _ in range(MAX_ROUNDS):
+            for topic in self.app.sources.values():
+                for p in range(topic.partitions):
+                    if (topic.name, p) in stuck:
+                        continue
+                    handled, stopped = await self._drain(topic.name, p)
+                    counts.update(handled)
+                    if stopped is not None:
+                        stuck[(topic.name, p)] = stopped
+            waiting = [
+                (t, p)
+                for t in self.app.sources
+                for p, part in enumerate(self.topics[t])
+                if (t, p) not in stuck and self._port(t, p).position < len(part)
+            ]
+            if not waiting:
+                break
+        else:
+            raise StreamappError(
+                f"MemoryBroker.process(): agents still send to each other's topics after "
+                f"{MAX_ROUNDS} rounds (a loop of derived events?)"
+            )
         if stuck:
-            raise StuckRecordsError(stuck, counts)
+            raise StuckRecordsError(list(stuck.values()), counts)
         return counts
 
-    async def _drain(self, agent: Agent, p: int) -> tuple[Counter[Outcome], StuckRecord | None]:
-        task, port = await self._task(agent, p)
-        records = self._topic(agent.topic.name)[p]
+    async def _drain(self, topic: str, p: int) -> tuple[Counter[Outcome], StuckRecord | None]:
+        task, port = await self._task(topic, p)
+        records = self._topic(topic)[p]
         counts: Counter[Outcome] = Counter()
         bound = self.max_attempts
-        if isinstance(agent.on_failure, Redeliver):  # its fallback must get its turn
-            bound = max(bound, agent.on_failure.max_attempts or 0)
+        for lane in task.lanes:  # a bounded Redeliver's fallback must get its turn
+            if isinstance(lane.agent.on_failure, Redeliver):
+                bound = max(bound, lane.agent.on_failure.max_attempts or 0)
         tries, at = 0, -1
         while (start := port.position) < len(records):
             before = Counter(task.outcomes)
             await task.process(records[start:])
-            handled = Counter(task.outcomes) - before
-            counts.update(handled)
-            progress = port.position - start
-            # Stopped at a failure (a record handled but not settled), or no progress at
-            # all. A pass cut by the batch budget settles every record it handled.
-            if handled.total() > progress or progress <= 0:
+            counts.update(Counter(task.outcomes) - before)
+            # Stopped at a failure (a lane failing at a record), or no progress at all.
+            # A pass cut by the batch budget settles every record it handled.
+            failing = [lane for lane in task.lanes if lane.attempts.position == port.position]
+            if failing or port.position <= start:
                 tries, at = (tries + 1 if port.position == at else 1), port.position
                 if tries >= bound:
-                    error = task.attempts.last_error if task.attempts.position == at else ""
-                    return counts, StuckRecord(agent.name, records[at], tries, error)
+                    lane = failing[0] if failing else task.lanes[0]
+                    error = lane.attempts.last_error if failing else ""
+                    return counts, StuckRecord(lane.name, records[at], tries, error)
         return counts, None
 
-    async def _task(self, agent: Agent, p: int) -> tuple[PartitionTask, _MemoryPort]:
-        key = (agent.topic.name, p)
+    async def _task(self, topic: str, p: int) -> tuple[PartitionTask, _MemoryPort]:
+        key = (topic, p)
         if key not in self._tasks:
-            port = _MemoryPort(self._topic(agent.topic.name)[p])
-            name = f"{agent.topic.name}[{p}]"
+            port = _MemoryPort(self._topic(topic)[p])
+            name = f"{topic}[{p}]"
             task = PartitionTask(
-                agent,
+                self.app.agents_of(topic),
                 p,
                 port,
                 name=name,
                 config=self._config,
                 decode=_decode,
-                park=parker(self, agent, name),
-                open_store=lambda spaces: self._store(agent, p, spaces),
+                park=lambda agent: parker(self, agent, name),
+                open_store=lambda agent, spaces: self._store(agent, p, spaces),
                 history=_EmptyHistory(),
                 metrics=self.metrics,
+                encode=codec.encode,
+                publish=self.publish_many,
+                locate=self._read_store,
             )
             await task.open()
             self._tasks[key] = (task, port)
         return self._tasks[key]
+
+    def _read_store(self, table: Table[Any], partition: int) -> Store:
+        tasks = {key: task for key, (task, _) in self._tasks.items()}
+        return read_store(tasks, self.app, table, partition)
 
     def _port(self, topic: str, p: int) -> _MemoryPort:
         return self._tasks[(topic, p)][1]

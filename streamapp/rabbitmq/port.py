@@ -24,12 +24,13 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NamedTuple
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
 from ..engine.delivery import Message
+from ..engine.port import NO_LANES, Committed
 from ..errors import ConfigError, SourceError
 from .wire import from_message
 
@@ -115,8 +116,10 @@ class RabbitPartitionPort:
         self._held += rewound
         self._next = self._handed = position
 
-    async def settle(self, position: int) -> None:
-        """Ack every delivery below ``position`` (one ack, ``multiple=True``)."""
+    async def settle(self, position: int, ahead: Mapping[str, int] = NO_LANES) -> None:
+        """Ack every delivery below ``position`` (one ack, ``multiple=True``). Agents
+        ahead are not kept: AMQP has no offsets (a restart runs those deliveries through
+        them again; agents with tables skip them by stream version)."""
         last: AbstractIncomingMessage | None = None
         entries = self._entries
         count = 0
@@ -132,6 +135,9 @@ class RabbitPartitionPort:
             self.acked += count
         except Exception as exc:  # the channel died meanwhile: the broker redelivers
             log.info("%s: ack below position %d skipped (%r)", self.name, position, exc)
+
+    async def committed(self) -> Committed | None:
+        return None  # no offsets: positions continue from the tables' checkpoints
 
     def end(self) -> int | None:
         return None  # AMQP tells no queue end without a request: lag unknown here

@@ -93,7 +93,9 @@ class RabbitSink:
             raise PublishError(f"no RabbitMQ channel to publish on: {exc!r}") from exc
         bound = self.timeout_s * (1 + len(messages) // 1000)  # each one's, from now
         sends = [
-            asyncio.ensure_future(self._send(m.topic, m.value, m.key, m.headers, None, bound))
+            asyncio.ensure_future(
+                self._send(m.topic, m.value, m.key, m.headers, m.partition, bound)
+            )
             for m in messages
         ]
         progress = asyncio.Event()

@@ -9,6 +9,9 @@ its local store, brought up to date at every open by the event-store replay from
 checkpoint's store position (the agent's ``history=FromEventStore()``), so a partition
 that was applied elsewhere meanwhile is exact before its first live message; a
 partition with neither local state nor history is refused, never started empty.
+
+Derived events (``sinks=[...]``) are confirmed publishes made before the batch's store
+write and acks: at least once (a crash between them publishes them again).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from aio_pika.abc import AbstractRobustConnection
 
-from ..agent import Agent
+from ..agent import Agent, TopicSpec
 from ..app import App
 from ..engine.assignment import Assignment
 from ..engine.delivery import Delivery, Message
@@ -67,7 +70,7 @@ class RabbitSource:
         self.membership: Membership | None = None
         self.assignment = Assignment(app)
         self.ports: dict[tuple[str, int], RabbitPartitionPort] = {}
-        self._agents = {a.topic.name: a for a in app.agents.values()}
+        self._topics = app.sources
         self._config = dataclasses.replace(TaskConfig.from_settings(settings), replay_on_open=True)
         self._connection: AbstractRobustConnection | None = None
         self._failed: asyncio.Future[None] | None = None
@@ -121,20 +124,19 @@ class RabbitSource:
 
     def _acquire(self, owned: Partitions) -> None:
         for topic, p in owned:
-            agent = self._agents[topic]
             log.info("owns %s[%d]", topic, p)
-            task = self._task(agent, p)
+            task = self._task(self._topics[topic], p)
             self.assignment.tasks[(topic, p)] = task
             task.start()
         self._settled()
 
-    def _task(self, agent: Agent, p: int) -> PartitionTask:
-        settings, topic = self.settings, agent.topic.name
+    def _task(self, spec: TopicSpec, p: int) -> PartitionTask:
+        settings, topic = self.settings, spec.name
         name = f"{topic}[{p}]"
-        path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
         timeout = settings.store_open_timeout_s
 
-        def open_store(spaces: list[str]) -> Store:
+        def open_store(agent: Agent, spaces: list[str]) -> Store:
+            path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
             return RocksStore(path, spaces, open_timeout_s=timeout)
 
         assert self._connection is not None
@@ -158,15 +160,18 @@ class RabbitSource:
         )
         self.ports[(topic, p)] = port
         task = PartitionTask(
-            agent,
+            self.app.agents_of(topic),
             p,
             port,
             name=name,
             config=self._config,
             decode=decode,
-            park=parker(self.sink, agent, name),
-            open_store=open_store if agent.tables else None,
+            park=lambda agent: parker(self.sink, agent, name),
+            open_store=open_store,
             history=self.history,
+            encode=codec.encode,
+            publish=self.sink.publish_many,
+            locate=self.assignment.read_store,
         )
         return task
 

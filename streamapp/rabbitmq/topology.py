@@ -29,7 +29,7 @@ from typing import Any
 from aio_pika.abc import AbstractConnection, ExchangeType
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from ..app import App, TopicPlan
+from ..app import App, TopicPlan, TopicRole
 from ..errors import ConfigError, MissingTopicError
 from ..settings import Settings
 from .connection import connect
@@ -46,10 +46,11 @@ def queue_name(topic: str, partition: int) -> str:
 
 
 def plans(app: App) -> list[TopicPlan]:
-    """What the app needs on RabbitMQ: source and parking topics (no changelogs: state
-    is restored by the event-store replay; no members topic: that is Kafka's directory
-    of view owners, RabbitMQ's comes with its membership protocol)."""
-    return [p for p in app.topic_plan() if p.role not in ("changelog", "members")]
+    """What the app needs on RabbitMQ: source, output and parking topics (no changelogs:
+    state is restored by the event-store replay; no members topic: that is Kafka's
+    directory of view owners, RabbitMQ's comes with its membership protocol)."""
+    skipped = (TopicRole.CHANGELOG, TopicRole.MEMBERS)
+    return [p for p in app.topic_plan() if p.role not in skipped]
 
 
 async def create_topology(app: App, settings: Settings) -> list[str]:

@@ -116,7 +116,7 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
                     partition=partition,
                 )
             )
-        ptables = task.tables
+        ptables = task.tables_for(name)
         if not task.phase.serves or ptables is None:
             raise _Answer(
                 unavailable(
@@ -241,7 +241,7 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
         agent, _ = tables[table.name]
         task = assignment.tasks.get((agent.topic.name, p))
         if task is not None:
-            ptables = task.tables
+            ptables = task.tables_for(table.name)
             if not task.phase.serves or ptables is None:
                 raise _Answer(
                     unavailable(

@@ -1,10 +1,11 @@
 """The agent contract's harness: what a transport implements to run the one agent suite.
 
 A test declares its app with the harness's :meth:`AgentHarness.new_app` and
-:meth:`AgentHarness.name` (a transport may need unique names), registers one agent on it,
-then drives it through the harness alone: send records to the agent's source topic,
-settle, and read what the transport made of them (committed table values, parked copies,
-unsettled records). Nothing in a contract test knows which transport runs it.
+:meth:`AgentHarness.name` (a transport may need unique names), registers its agents on
+it, then drives it through the harness alone: send records to a source topic (the first
+agent's by default), settle, and read what the transport made of them (committed table
+values, parked copies, derived events, unsettled records). Nothing in a contract test
+knows which transport runs it.
 """
 
 from __future__ import annotations
@@ -77,20 +78,26 @@ class AgentHarness(ABC):
 
     @property
     def agent(self) -> Agent:
+        """The app's first agent."""
         assert self.app is not None, "start the app first"
-        (agent,) = self.app.agents.values()
-        return agent
+        return next(iter(self.app.agents.values()))
 
     @property
     def topic(self) -> str:
-        """The agent's source topic."""
+        """The first agent's source topic."""
         return self.agent.topic.name
 
+    def partitions(self, topic: str) -> int:
+        """The declared partition count of ``topic``."""
+        assert self.app is not None, "start the app first"
+        return self.app.topics[topic].partitions
+
     # feeding -------------------------------------------------------------------------
-    async def send(self, event: Event) -> None:
-        """Send ``event`` to the source topic (binary mode, keyed by its stream id)."""
+    async def send(self, event: Event, *, topic: str | None = None) -> None:
+        """Send ``event`` to ``topic`` (default: the first agent's; binary mode, keyed by
+        its stream id)."""
         key, value, headers = codec.encode(event)
-        await self.send_raw(value, key=key, headers=headers)
+        await self.send_raw(value, key=key, headers=headers, topic=topic)
 
     @abstractmethod
     async def send_raw(
@@ -99,8 +106,10 @@ class AgentHarness(ABC):
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        topic: str | None = None,
     ) -> None:
-        """Send any record, CloudEvent or not, to the source topic (in send order per key)."""
+        """Send any record, CloudEvent or not, to ``topic`` (default: the first agent's),
+        in send order per key."""
 
     @abstractmethod
     async def position_of(self, i: int) -> int:
@@ -127,7 +136,7 @@ class AgentHarness(ABC):
     # observing -----------------------------------------------------------------------
     @abstractmethod
     async def unsettled(self) -> int:
-        """Records of the source topic not settled yet (committed offsets, acks)."""
+        """Records of the source topics not settled yet (committed offsets, acks)."""
 
     @abstractmethod
     async def table(self, name: str, key: str) -> Any:
@@ -136,6 +145,11 @@ class AgentHarness(ABC):
     @abstractmethod
     async def parked(self, topic: str) -> list[Parked]:
         """Every record in parking destination ``topic``, partition by partition, in order."""
+
+    async def records(self, topic: str) -> list[Parked]:
+        """Every record of ``topic`` a consumer downstream sees (a broker: committed only),
+        partition by partition, in order: e.g. the derived events an agent sent."""
+        return await self.parked(topic)
 
 
 async def read_view(http: aiohttp.ClientSession, port: int | None, name: str, key: str) -> Any:

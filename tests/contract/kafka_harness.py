@@ -102,9 +102,10 @@ class KafkaHarness(AgentHarness):
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        topic: str | None = None,
     ) -> None:
         assert self._producer is not None, "start the app first"
-        sent = await self._producer.send(self.topic, value, key=key, headers=list(headers))
+        sent = await self._producer.send(topic or self.topic, value, key=key, headers=list(headers))
         self._sent.append(sent)
         self._all_sent.append((sent, value))
 
@@ -139,7 +140,7 @@ class KafkaHarness(AgentHarness):
         assert self._admin is not None, "start the app first"
         assert self._probe is not None
         assert self.app is not None
-        tps = await self._partitions(self.topic)
+        tps = [tp for topic in self.app.sources for tp in await self._partitions(topic)]
         ends = await self._probe.end_offsets(tps)
         committed = await self._admin.list_consumer_group_offsets(self.app.id)
         behind = 0

@@ -51,8 +51,9 @@ class MemoryHarness(AgentHarness):
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        topic: str | None = None,
     ) -> None:
-        record = self.broker.send_raw(self.topic, value, key=key, headers=headers)
+        record = self.broker.send_raw(topic or self.topic, value, key=key, headers=headers)
         self._sent.append(record)
 
     async def position_of(self, i: int) -> int:
@@ -66,10 +67,11 @@ class MemoryHarness(AgentHarness):
             await self.broker.process()  # bounded by max_attempts per record
         except StuckRecordsError:
             return False
-        return self.broker.pending(self.topic) == 0
+        return await self.unsettled() == 0
 
     async def unsettled(self) -> int:
-        return self.broker.pending(self.topic)
+        assert self.app is not None
+        return sum(self.broker.pending(t) for t in self.app.sources)
 
     async def table(self, name: str, key: str) -> Any:
         return self.broker.table(name).get(key)

@@ -54,7 +54,7 @@ class RabbitHarness(AgentHarness):
         self._records: list[tuple[int, bytes | None]] = []
         """(position, value) of each record sent: positions are a per-partition delivery
         sequence that starts at 0 on a fresh partition (no redeliveries before a park)."""
-        self._next: dict[int, int] = {}
+        self._next: dict[tuple[str, int], int] = {}
 
     def new_app(self, **settings: Any) -> App:
         return App(
@@ -103,15 +103,16 @@ class RabbitHarness(AgentHarness):
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        topic: str | None = None,
     ) -> None:
         assert self._sink is not None, "start the app first"
         amqp = [("cloudEvents_" + n[3:] if n.startswith("ce_") else n, v) for n, v in headers]
-        await self._sink.publish(self.topic, value, key=key, headers=amqp)
+        await self._sink.publish(topic or self.topic, value, key=key, headers=amqp)
         self._sent += 1
-        partitions = self.agent.topic.partitions
-        p = partition_for(key, partitions) if key is not None else 0
-        self._records.append((self._next.get(p, 0), value))
-        self._next[p] = self._next.get(p, 0) + 1
+        name = topic or self.topic
+        p = partition_for(key, self.partitions(name)) if key is not None else 0
+        self._records.append((self._next.get((name, p), 0), value))
+        self._next[(name, p)] = self._next.get((name, p), 0) + 1
 
     async def position_of(self, i: int) -> int:
         return self._records[i][0]

@@ -62,8 +62,8 @@ class StoreHarness(AgentHarness):
         self.worker: Worker | None = None
         self._store: EventStoreBackend | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._appended: list[tuple[int, int]] = []
-        """``(position, partition)`` of every event appended, in send order."""
+        self._appended: list[tuple[int, str]] = []
+        """``(position, stream id)`` of every event appended, in send order."""
 
     def new_app(self, **settings: Any) -> App:
         return App(
@@ -109,30 +109,31 @@ class StoreHarness(AgentHarness):
         assert self._store is not None, "start the app first"
         return self._store
 
-    def _tasks(self) -> dict[int, PartitionTask]:
+    def _tasks(self) -> dict[tuple[str, int], PartitionTask]:
         assert self.worker is not None, "start the app first"
         assert self.worker.source is not None
-        tasks = self.worker.source.assignment.tasks
-        return {p: task for (topic, p), task in tasks.items() if topic == self.topic}
+        return dict(self.worker.source.assignment.tasks)
 
     def _tasks_live(self) -> bool:
+        assert self.app is not None
         tasks = self._tasks()
-        n = self.agent.topic.partitions
+        n = sum(t.partitions for t in self.app.sources.values())
         return len(tasks) == n and all(t.phase is Phase.LIVE for t in tasks.values())
 
-    def _status(self) -> dict[int, object]:
-        return {p: t.status() for p, t in sorted(self._tasks().items())}
+    def _status(self) -> dict[str, object]:
+        return {t.name: t.status() for _, t in sorted(self._tasks().items())}
 
     # feeding -------------------------------------------------------------------------
-    async def send(self, event: Event) -> None:
-        """Append ``event`` to its stream; a carried ``streamversion`` is checked."""
+    async def send(self, event: Event, *, topic: str | None = None) -> None:
+        """Append ``event`` to its stream; a carried ``streamversion`` is checked (the
+        store is one stream for every topic: ``topic`` is not used)."""
         sid = event.stream_id
         if sid is None:
             raise InvalidEventError(
                 f"event {event.id} has no stream id: set its streamid extension (or subject)"
             )
         result = await self.store.append(sid, [event])
-        self._appended.append((result.position, partition_for(sid.encode(), self._partitions)))
+        self._appended.append((result.position, sid))
 
     async def send_raw(
         self,
@@ -140,8 +141,10 @@ class StoreHarness(AgentHarness):
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        topic: str | None = None,
     ) -> None:
-        """Append a record as the CloudEvent it encodes; raises what refuses it."""
+        """Append a record as the CloudEvent it encodes; raises what refuses it. The store
+        is one stream for every topic: every agent sees it (``topic`` is not used)."""
         await self.send(codec.decode(key, value, headers))
 
     async def write_around_store(self, stream_id: str, payload: bytes) -> None:
@@ -172,11 +175,7 @@ class StoreHarness(AgentHarness):
                 row = await cur.fetchone()
                 assert row is not None
                 position = int(row[0])
-        self._appended.append((position, partition_for(stream_id.encode(), self._partitions)))
-
-    @property
-    def _partitions(self) -> int:
-        return self.agent.topic.partitions
+        self._appended.append((position, stream_id))
 
     async def position_of(self, i: int) -> int:
         return self._appended[i][0]
@@ -204,10 +203,17 @@ class StoreHarness(AgentHarness):
 
     # observing -----------------------------------------------------------------------
     async def unsettled(self) -> int:
-        """Appended events at or past their partition's committed store position."""
+        """Appended events at or past their partition's committed store position, counted
+        per source topic (every topic's agents follow the one store)."""
+        assert self.app is not None
         tasks = self._tasks()
-        done = {p: t.history_position() for p, t in tasks.items() if t.phase is Phase.LIVE}
-        return sum(1 for position, p in self._appended if position >= done.get(p, 0))
+        done = {k: t.history_position() for k, t in tasks.items() if t.phase is Phase.LIVE}
+        behind = 0
+        for topic, spec in self.app.sources.items():
+            for position, sid in self._appended:
+                p = partition_for(sid.encode(), spec.partitions)
+                behind += position >= done.get((topic, p), 0)
+        return behind
 
     async def table(self, name: str, key: str) -> Any:
         assert self._http is not None, "start the app first"

@@ -330,9 +330,10 @@ def test_same_agent_name_twice() -> None:
 def test_two_agents_on_one_topic() -> None:
     app = App("t")
     topic = app.topic("a")
-    app.agent(topic, name="x")(noop)
-    with pytest.raises(ConfigError, match="one agent per source topic"):
-        app.agent(topic, name="y")(noop)
+    x = app.agent(topic, name="x")(noop)
+    y = app.agent(topic, name="y")(noop)
+    assert app.agents_of("a") == [x, y]  # in registration order: the order they run in
+    assert list(app.sources) == ["a"]
 
 
 def test_table_shared_by_two_agents() -> None:

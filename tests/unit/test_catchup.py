@@ -8,7 +8,9 @@ records every batch so that two batches in flight at once would show.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from streamapp import Event, FromEventStore, Table, TableView
 from streamapp.agent import Agent, TopicSpec
@@ -25,23 +27,31 @@ TABLE: Table[int] = Table("t")
 
 
 class RecordingChangelog:
-    """A changelog kept in memory that notices overlapping writes."""
+    """A transaction kept in memory that notices overlapping commits."""
 
     def __init__(self) -> None:
         self.batches: list[BatchChanges] = []
         self.in_flight = 0
         self.overlaps = 0
 
-    async def open(self, tables: PartitionTables) -> int:
+    async def open(self) -> None:
+        pass
+
+    async def restore(self, agent: Agent, tables: PartitionTables) -> int:
         return 0
 
-    async def write(self, batch: BatchChanges) -> int:
+    async def commit(
+        self, changes: Sequence[tuple[Agent, BatchChanges]], outputs: Any, settle: Any
+    ) -> list[int]:
         self.in_flight += 1
         self.overlaps += self.in_flight > 1
         await asyncio.sleep(0.002)
         self.in_flight -= 1
-        self.batches.append(batch)
-        return len(self.batches)
+        out = []
+        for _, batch in changes:
+            self.batches.append(batch)
+            out.append(len(self.batches))
+        return out
 
     async def reset(self) -> None:
         pass
@@ -65,8 +75,11 @@ class LivePort:
     def rewind(self, position: int) -> None:
         pass
 
-    async def settle(self, position: int) -> None:
+    async def settle(self, position: int, ahead: Any = None) -> None:
         pass
+
+    async def committed(self) -> None:
+        return None
 
     def end(self) -> int | None:
         return None
@@ -105,9 +118,9 @@ async def test_appends_racing_the_handover_never_reach_a_live_partition(tmp_path
         name="topic[0]",
         config=TaskConfig(redeliver_pause_s=0.0),
         decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=park,
-        open_store=lambda spaces: memory,
-        changelog=changelog,
+        park=lambda agent: park,
+        open_store=lambda agent, spaces: memory,
+        transaction=changelog,
         history=feed,
     )
     task_ref.append(task)

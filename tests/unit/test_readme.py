@@ -29,7 +29,7 @@ def test_the_readme_has_its_examples() -> None:
 
 async def test_agent_example_runs_on_the_memory_broker() -> None:
     namespace: dict[str, Any] = {"__name__": "readme_agent"}
-    exec(compile(_block("@app.agent"), "README.md", "exec"), namespace)
+    exec(compile(_block("order_status: Table"), "README.md", "exec"), namespace)
     app = namespace["app"]
     assert isinstance(app, App)
     broker = MemoryBroker(app)
@@ -37,6 +37,21 @@ async def test_agent_example_runs_on_the_memory_broker() -> None:
     broker.send("orders", Event.create("order.paid", stream_id="o-9", data={}, version=2))
     await broker.process()
     assert broker.table("order_status")["o-9"] == {"status": "paid", "version": 2}
+
+
+async def test_outputs_example_runs_on_the_memory_broker() -> None:
+    namespace: dict[str, Any] = {"__name__": "readme_outputs"}
+    exec(compile(_block("sinks=[shipments]"), "README.md", "exec"), namespace)
+    app = namespace["app"]
+    broker = MemoryBroker(app)
+    for i, kind in enumerate(("payment.started", "payment.completed")):
+        event = Event.create(kind, stream_id="o-1", data={"amount": 10 + i}, id=f"p{i}")
+        broker.send("payments", event)
+    await broker.process()
+    assert broker.table("paid")["o-1"] == 21
+    assert broker.table("kinds")["o-1"] == {"payment.started": 1, "payment.completed": 1}
+    assert broker.table("shipped")["o-1"] == {"paid": 21, "requested_by": "p1/shipment"}
+    assert len(broker.records("shipments")) == 1
 
 
 def test_memory_broker_example_passes_under_pytest_asyncio(tmp_path: Path) -> None:

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from streamapp import App, ConfigError, Event, Outcome, Park, Redeliver, Settings, Table, TableView
-from streamapp.agent import Agent, TopicSpec, run_batch
+from streamapp.agent import Agent, TopicSpec
 from streamapp.engine.attempts import Attempts
 from streamapp.engine.delivery import Delivery, Message
+from streamapp.engine.lane import Lane, run_lanes
 from streamapp.engine.pace import doubled
 from streamapp.engine.task import TaskConfig
 from streamapp.kafka import codec
@@ -199,12 +200,14 @@ async def test_a_fallback_park_that_fails_redelivers_instead(
 
     caplog.set_level(logging.WARNING, logger="streamapp.agent")
     record = _message("e")
-    early = await run_batch(agent, [record], None, _decode, park, 10, failed_before=lambda d: 1)
-    assert (early.settled, asked) == (0, [])  # attempt 2 of 3: no fallback yet
+    lane = Lane(agent, park, Attempts(0.0, 0.0), None)
+    lane.attempts.failed_at(record.position, "down")  # attempt 1 failed before
+    early = await run_lanes([lane], [0], [record], _decode, 10)
+    assert (early.reached, early.stop, asked) == ([0], 7, [])  # attempt 2 of 3: no fallback
     assert "will redeliver (attempt 2 of 3)" in caplog.text
-    late = await run_batch(agent, [record], None, _decode, park, 10, failed_before=lambda d: 2)
-    assert late.settled == 0
-    assert late.failure is not None
+    late = await run_lanes([lane], [0], [record], _decode, 10)
+    assert late.reached == [0]
+    assert late.failed == [lane]
     assert asked == ["gave up after 3 attempts: RuntimeError: down"]
     assert "will redeliver (attempt 3 of 3)" in caplog.text
 

@@ -55,8 +55,11 @@ class Port:
     def rewind(self, position: int) -> None:
         self.position = position
 
-    async def settle(self, position: int) -> None:
+    async def settle(self, position: int, ahead: Any = None) -> None:
         self.position = max(self.position, position)
+
+    async def committed(self) -> None:
+        return None
 
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         if position is not None:
@@ -95,8 +98,8 @@ class World:
                 name=f"{self.agent.topic.name}[{p}]",
                 config=TaskConfig(redeliver_pause_s=0.0),
                 decode=lambda d: codec.decode(d.key, d.value, d.headers),
-                park=_no_park,
-                open_store=lambda spaces, p=p: self._store(p, spaces),
+                park=lambda agent: _no_park,
+                open_store=lambda agent, spaces, p=p: self._store(p, spaces),
                 metrics=self.metrics,
             )
             self.assignment.tasks[(self.agent.topic.name, p)] = task

@@ -1,0 +1,243 @@
+"""Lanes: the agents of one topic inside one partition task.
+
+Several agents may consume one topic. A worker has one consumer for it, and one
+:class:`~streamapp.engine.task.PartitionTask` per partition runs every agent of the
+topic over each delivery, in registration order; each agent is a :class:`Lane` there:
+
+- **Own state, own outcome.** A lane has its own tables (store, checkpoint, changelog),
+  its own sends, its own outcome per delivery and its own failure policy. ``Park``
+  parks the delivery for that agent only (the copy names the agent); the other lanes'
+  outcomes for it stand.
+- **Own position.** A lane's position is the next delivery it needs. The source is
+  settled only below the lowest one, so a delivery is settled once every agent settled
+  it; a lane skips the deliveries below its own position (after a rewind or a restart),
+  so a delivery one agent failed is never run again through the others.
+- **Redeliver holds the partition for all** (as in Faust): when a lane leaves a
+  delivery unsettled (Redeliver, or a park that was not confirmed), every lane still
+  handles that delivery, then the batch stops there; the partition rewinds to it and,
+  after the policy's pause, only the lanes that did not settle it run it again. The
+  others wait, at most one delivery ahead. UNAVAILABLE (a read of a table partition not
+  served here) stops the batch the same way, with no attempt counted.
+- **Durable positions.** A lane with tables keeps its position in its checkpoint; the
+  positions of lanes ahead of the settled one travel with it (Kafka: in the committed
+  offset's metadata, in the same transaction), so a restart does not run a delivery
+  twice through a lane that had settled it either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..agent import DELIVERED, Agent, Handled, handle
+from ..logs import Gate
+from ..outcomes import FailurePolicy, Outcome, Park, Redeliver
+from ..outputs import Encoder, Outbox, Send
+from ..tables.partition import PartitionTables
+from .attempts import Attempts
+from .delivery import Decoder, Delivery, Parker, decode_delivery
+from .metrics import NO_METRICS, TaskMetrics
+
+log = logging.getLogger("streamapp.agent")
+
+YIELD_EVERY_S = 0.02
+"""A batch gives the event loop a turn this often: handlers that never await would
+otherwise hold it for a whole batch (group heartbeats, views and other partitions wait)."""
+
+SKIP = 2**63
+"""The start of a lane that takes no part in a run (every delivery is below it)."""
+
+
+class Lane:
+    """One agent's share of a partition task: tables, sends, attempts and positions."""
+
+    def __init__(
+        self, agent: Agent, park: Parker, attempts: Attempts, encode: Encoder | None
+    ) -> None:
+        self.agent, self.park, self.attempts = agent, park, attempts
+        self.tables: PartitionTables | None = None
+        self.views: list[Any] = []
+        """The handler's table parameters (own views and read views), in its order."""
+        self.outbox: Outbox | None = None
+        self.send: Send | None = None
+        if agent.sinks and encode is not None:
+            self.outbox = Outbox()
+            self.send = Send(agent.name, agent.sinks, encode, self.outbox)
+        self.next: int | None = None
+        """The next live position this lane needs, batch in hand included."""
+        self.committed: int | None = None
+        """The next live position this lane needs, as durable (where a failed commit
+        puts ``next`` back)."""
+        self.history_next = 1
+        """The next event-store position known done here beyond the checkpoint's (chunks
+        with nothing for the partition; a lane without tables)."""
+        self.tracks = False
+        """Live deliveries advance the checkpoint's store position (RabbitMQ)."""
+        self.outcomes: dict[Outcome, int] = {}
+
+    @property
+    def name(self) -> str:
+        return self.agent.name
+
+    def history_position(self) -> int:
+        """The next event-store position this lane needs (1: nothing replayed)."""
+        tables = self.tables
+        if tables is None:
+            return self.history_next
+        return max(tables.checkpoint.history or 1, self.history_next)
+
+    def drop(self) -> None:
+        """Forget the batch in hand (a failed commit): back to the durable position."""
+        if self.tables is not None:
+            self.tables.drop_batch()
+        if self.outbox is not None:
+            self.outbox.drop()
+        self.next = self.committed
+
+
+@dataclass(slots=True)
+class Run:
+    """What a run of lanes over deliveries reached."""
+
+    reached: list[int]
+    """Per lane, the next position it needs."""
+    stop: int | None = None
+    """The position the run stopped at (None: every delivery was handled)."""
+    failed: list[Lane] = field(default_factory=list)
+    """Lanes that left the delivery at ``stop`` unsettled (the policy redelivers it)."""
+    unavailable: bool = False
+    """A lane found a table it reads unavailable at ``stop``."""
+    handled: int = 0
+    """Deliveries handled by at least one lane."""
+
+    @property
+    def cut(self) -> bool:
+        """Stopped by the time budget only."""
+        return self.stop is not None and not self.failed and not self.unavailable
+
+
+async def run_lanes(
+    lanes: Sequence[Lane],
+    starts: Sequence[int],
+    records: Sequence[Delivery],
+    decode: Decoder,
+    budget_s: float,
+    *,
+    metrics: TaskMetrics = NO_METRICS,
+) -> Run:
+    """Run ``records`` (one partition, in order) through every lane from its start.
+
+    Stops after the first delivery a lane leaves unsettled (every lane handles it first),
+    or before a delivery once ``budget_s`` is spent, so the caller can commit what every
+    lane reached and rewind to the lowest. Outcomes are counted per lane; a lane's failed
+    attempts of a delivery are counted in its :class:`Attempts` (a bounded Redeliver's
+    fallback applies once they are spent).
+    """
+    run = Run(list(starts))
+    reached = run.reached
+    now = time.monotonic()
+    deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
+    counts: list[dict[Outcome, int]] = [{} for _ in lanes]
+    spent = [0.0] * len(lanes)
+    for i, record in enumerate(records):
+        if i:
+            now = time.monotonic()
+            if now > deadline:
+                run.stop = record.position  # out of time
+                break
+            if now > next_yield:  # let heartbeats, views and other partitions in
+                await asyncio.sleep(0)
+                next_yield = time.monotonic() + YIELD_EVERY_S
+        position = record.position
+        item: Any = None
+        for k, lane in enumerate(lanes):
+            if reached[k] > position:
+                continue  # settled by this lane already
+            if item is None:
+                item = decode_delivery(decode, record)
+            started = time.perf_counter()
+            handled = await handle(
+                lane.agent, item, lane.tables, lane.views, lane.outbox, lane.send
+            )
+            spent[k] += time.perf_counter() - started
+            settled = await _settled(lane, record, handled, counts[k])
+            if settled:
+                reached[k] = position + 1
+            elif handled.outcome is Outcome.UNAVAILABLE:
+                run.unavailable = True
+            else:
+                run.failed.append(lane)
+        if item is not None:
+            run.handled += 1
+        if run.failed or run.unavailable:
+            run.stop = position
+            break
+    for k, lane in enumerate(lanes):
+        got = counts[k]
+        for outcome, n in got.items():
+            lane.outcomes[outcome] = lane.outcomes.get(outcome, 0) + n
+        size = sum(got.values())
+        if size:
+            metrics.batch(lane.name, size, spent[k], got)
+    return run
+
+
+async def _settled(
+    lane: Lane, record: Delivery, handled: Handled, counts: dict[Outcome, int]
+) -> bool:
+    """Count ``handled`` and apply the lane's policy; True when the delivery is settled
+    for this lane (delivered, filtered, or parked with a confirm)."""
+    counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
+    if handled is DELIVERED or handled.outcome.settles:
+        return True
+    agent = lane.agent
+    if handled.outcome is Outcome.UNAVAILABLE:
+        _log(
+            agent, record, handled, "will deliver it again after a pause", logging.INFO, trace=False
+        )
+        return False
+    policy: FailurePolicy = agent.on_failure
+    reason, attempt = handled.reason, lane.attempts.before(record) + 1
+    if isinstance(policy, Redeliver) and policy.spent(attempt) and policy.fallback:
+        policy, reason = policy.fallback, f"gave up after {attempt} attempts: {reason}"
+    if isinstance(policy, Park) and await lane.park(record, reason):
+        _log(agent, record, handled, "parked", logging.DEBUG)
+        return True
+    lane.attempts.failed_at(record.position, handled.reason)
+    then = f"will redeliver (attempt {attempt}{_of(agent.on_failure)})"
+    _log(agent, record, handled, then, logging.WARNING)
+    return False
+
+
+_TRACEBACKS = Gate(window_s=60.0)
+"""A handler's traceback: the first failure per partition, then one a minute."""
+
+
+def _log(
+    agent: Agent, record: Delivery, handled: Handled, then: str, level: int, *, trace: bool = True
+) -> None:
+    """One line per failure; with the traceback the first time per partition (then at
+    most once a minute), so a poison record shows where it failed without flooding."""
+    error = handled.error if trace else None
+    traceback = error is not None and _TRACEBACKS.due((agent.name, record.topic, record.partition))
+    log.log(
+        logging.WARNING if traceback else level,
+        "agent %s: %s[%d]@%d %s (%s); %s",
+        agent.name,
+        record.topic,
+        record.partition,
+        record.position,
+        handled.outcome.value,
+        handled.reason,
+        then,
+        exc_info=error if traceback else None,
+    )
+
+
+def _of(policy: FailurePolicy) -> str:
+    bound = policy.max_attempts if isinstance(policy, Redeliver) else None
+    return "" if bound is None else f" of {bound}"

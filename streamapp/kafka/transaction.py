@@ -1,0 +1,244 @@
+"""One Kafka partition task's transaction: changelogs, derived events and offsets at once.
+
+Every commit of a partition task is one Kafka transaction of one transactional producer
+(:class:`KafkaTransaction`): the changelog records of every agent of the topic (each to
+its own changelog topic, same partition number), every derived event the batch sent,
+and the source offset with ``send_offsets_to_transaction`` (its metadata names the
+agents that are ahead of it, :mod:`streamapp.engine.lane`). A ``read_committed`` reader
+sees all of it or nothing: after a ``kill -9`` the open transaction is aborted, the
+batch runs again, and its derived events appear once.
+
+The ``transactional_id`` is stable per (app, source topic, partition), so a new owner's
+``init_transactions`` fences the previous owner and aborts its open batch; a fenced
+writer raises :class:`~streamapp.errors.FencedError`. ``TxnOffsetCommit`` carries no
+group generation (aiokafka sends v0, no KIP-447 fencing): the stable id is the fence.
+
+Restore (:func:`restore`) reads one agent's changelog partition from its store's
+recorded position to the end with ``read_committed`` (aborted batches are invisible), in
+chunks, each one atomic store write with the new position. A store whose last write is
+older than the topic's ``delete.retention.ms`` is wiped and restored in full: compaction
+may have dropped tombstones it never saw (the Kafka Streams rule). Format and the
+reasons for transactions: :mod:`streamapp.tables.changelog`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
+
+from ..agent import Agent
+from ..engine.port import Committed
+from ..errors import FencedError, PublishError, SourceError
+from ..sink import Message
+from ..tables.changelog import RestoreChunk, records
+from ..tables.checkpoint import Checkpoint
+from ..tables.partition import BatchChanges, PartitionTables
+from .port import offset_metadata
+from .sink import producer_config
+
+log = logging.getLogger("streamapp.partition")
+
+CHUNK = 5000
+FENCED = (ProducerFenced, InvalidProducerEpoch)
+
+
+class KafkaTransaction:
+    """The transactional writer and the changelog restorer of one partition task."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        transactional_id: str,
+        source: TopicPartition,
+        group_id: str,
+        changelog: Callable[[Agent], str | None],
+        *,
+        timeout_s: float,
+        stall_timeout_s: float,
+        retention_ms: Mapping[str, int],
+    ) -> None:
+        self.bootstrap, self.transactional_id = bootstrap, transactional_id
+        self.source, self.group_id, self._changelog = source, group_id, changelog
+        self.timeout_s, self.stall_timeout_s = timeout_s, stall_timeout_s
+        self.retention_ms = retention_ms
+        """Each changelog topic's ``delete.retention.ms`` (absent: no stale-store rule)."""
+        self._producer: AIOKafkaProducer | None = None
+        self._where = f"{source.topic}[{source.partition}]"
+
+    async def open(self) -> None:
+        await self._start_writer()
+
+    async def restore(self, agent: Agent, tables: PartitionTables) -> int:
+        topic = self._topic(agent)
+        retention = self.retention_ms.get(topic)
+        cp = tables.checkpoint
+        if retention is not None and cp.written_ms and cp.changelog:
+            idle_ms = time.time() * 1000 - cp.written_ms
+            if idle_ms > retention:
+                log.warning(
+                    "%s: the local store of agent %s was last written %.0fs ago, longer than "
+                    "delete.retention.ms of %s (%.0fs): compaction may have dropped deletes it "
+                    "never saw, so it is wiped and restored in full",
+                    self._where,
+                    agent.name,
+                    idle_ms / 1000,
+                    topic,
+                    retention / 1000,
+                )
+                tables.store.wipe()
+                tables.checkpoint = Checkpoint()
+        return await restore(
+            self.bootstrap,
+            TopicPartition(topic, self.source.partition),
+            tables,
+            self.stall_timeout_s,
+        )
+
+    async def commit(
+        self,
+        changes: Sequence[tuple[Agent, BatchChanges]],
+        outputs: Sequence[Message],
+        settle: Committed | None,
+    ) -> list[int]:
+        try:
+            return await asyncio.wait_for(self._commit(changes, outputs, settle), self.timeout_s)
+        except FENCED as exc:
+            raise FencedError(
+                f"transactional writer {self.transactional_id} of {self._where} was fenced by "
+                "another worker that took the partition over"
+            ) from exc
+        except TimeoutError:
+            raise PublishError(
+                f"transaction of {self.transactional_id} ({self._where}) not committed "
+                f"within {self.timeout_s:.0f}s (setting publish_timeout_s)"
+            ) from None
+        except KafkaError as exc:
+            raise PublishError(f"transaction of {self._where} failed: {exc!r}") from exc
+
+    async def reset(self) -> None:
+        await self.close()
+        await self._start_writer()
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    def _topic(self, agent: Agent) -> str:
+        topic = self._changelog(agent)
+        if topic is None:
+            raise SourceError(f"agent {agent.name!r} has no changelog topic (no tables)")
+        return topic
+
+    async def _start_writer(self) -> None:
+        """Start the producer; this fences any previous owner of the partition."""
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            **producer_config({"transactional_id": self.transactional_id, "linger_ms": 5}),
+        )
+        try:
+            await asyncio.wait_for(producer.start(), self.timeout_s)
+        except BaseException as exc:
+            await producer.stop()
+            if isinstance(exc, TimeoutError):
+                raise PublishError(
+                    f"transactional writer {self.transactional_id} did not start within "
+                    f"{self.timeout_s:.0f}s (setting publish_timeout_s)"
+                ) from None
+            if isinstance(exc, KafkaError):
+                raise SourceError(f"transactional writer {self.transactional_id}: {exc!r}") from exc
+            raise
+        self._producer = producer
+
+    async def _commit(
+        self,
+        changes: Sequence[tuple[Agent, BatchChanges]],
+        outputs: Sequence[Message],
+        settle: Committed | None,
+    ) -> list[int]:
+        producer = self._producer
+        if producer is None:
+            raise PublishError(f"transactional writer of {self._where} is closed")
+        p = self.source.partition
+        await producer.begin_transaction()
+        try:
+            lasts: list[asyncio.Future[Any]] = []
+            for agent, batch in changes:
+                topic = self._topic(agent)
+                last = None
+                for key, value in records(batch):
+                    last = await producer.send(topic, value, key=key, partition=p)
+                assert last is not None  # records() always ends with the checkpoint
+                lasts.append(last)
+            for m in outputs:
+                await producer.send(
+                    m.topic, m.value, key=m.key, headers=list(m.headers), partition=m.partition
+                )
+            if settle is not None:
+                offset = (settle.position, offset_metadata(settle.ahead))
+                await producer.send_offsets_to_transaction({self.source: offset}, self.group_id)
+            await producer.commit_transaction()
+        except BaseException:
+            await _abort(producer)
+            raise
+        return [int((await last).offset) + 1 for last in lasts]
+
+
+async def restore(
+    bootstrap: str, tp: TopicPartition, tables: PartitionTables, stall_timeout_s: float
+) -> int:
+    """Apply ``tp`` from the store's recorded changelog position to its end (committed
+    batches only); returns the records applied."""
+    where = f"{tp.topic}[{tp.partition}]"
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+    )
+    try:
+        await consumer.start()
+        consumer.assign([tp])
+        start = tables.checkpoint.changelog
+        consumer.seek(tp, start)
+        end = (await consumer.end_offsets([tp]))[tp]
+        if start >= end:
+            return 0
+        log.info("restoring %s: up to %d changelog records", where, end - start)
+        applied, last_progress = 0, time.monotonic()
+        position = start
+        while position < end:
+            fetched = await consumer.getmany(tp, timeout_ms=500, max_records=CHUNK)
+            chunk = RestoreChunk(tables)
+            for rec in fetched.get(tp, ()):
+                chunk.apply(rec.key, rec.value)
+                applied += 1
+            position = await consumer.position(tp)
+            chunk.write(tables, position)  # holds the GIL anyway; never races close()
+            if chunk.skipped:
+                log.warning("%s: %d records of unknown tables skipped", where, chunk.skipped)
+            if fetched:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > stall_timeout_s:
+                raise SourceError(
+                    f"restore of {where} made no progress for "
+                    f"{stall_timeout_s:.0f}s (setting restore_stall_timeout_s)"
+                )
+        return applied
+    except KafkaError as exc:
+        raise SourceError(f"restore of {where} failed: {exc!r}") from exc
+    finally:
+        await consumer.stop()
+
+
+async def _abort(producer: AIOKafkaProducer) -> None:
+    try:
+        await producer.abort_transaction()
+    except Exception as exc:  # the producer may be fenced or stopped already
+        log.debug("abort of the transaction failed: %r", exc)

@@ -1,0 +1,104 @@
+"""Outputs: derived events an agent sends to the topics it declares (``sinks=[...]``).
+
+A handler that declares sinks takes a keyword-only parameter ``send`` (a :class:`Send`)
+and calls ``send(topic, event)`` for each derived event. Nothing leaves the process
+then: sends are buffered per event like table writes (an :class:`Outbox`), dropped when
+the handler raises (its table writes are rolled back with them), and published with
+the batch's commit:
+
+- Kafka: in the partition's transaction, with its changelog records and its source
+  offsets, so a ``read_committed`` consumer sees each derived event exactly once.
+- RabbitMQ: confirmed publishes before the batch's store write and acks (at least once).
+- the memory broker: appended to its in-memory topics.
+
+A derived event is a CloudEvent keyed by its stream id, on the partition the one
+partitioner gives it among the topic's declared partitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from .errors import OutputError
+from .events import Event
+from .partitioner import partition_for
+from .sink import Message
+
+if TYPE_CHECKING:
+    from .agent import TopicSpec
+
+Encoder = Callable[[Event], tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]
+"""``event -> (key, value, headers)`` in a transport's wire format (binary content mode)."""
+
+
+class Send:
+    """What a handler's ``send`` parameter receives: ``send(topic, event)``.
+
+    ``topic`` is one of the agent's ``sinks=[...]`` (the spec ``app.topic(...)`` returned,
+    or its name). The event is buffered, not published: it goes out with the batch's
+    commit, and never when the handler raises.
+    """
+
+    __slots__ = ("_agent", "_encode", "_outbox", "_sinks")
+
+    def __init__(
+        self, agent: str, sinks: Sequence[TopicSpec], encode: Encoder, outbox: Outbox
+    ) -> None:
+        self._agent, self._encode, self._outbox = agent, encode, outbox
+        self._sinks = {spec.name: spec for spec in sinks}
+
+    def __call__(self, topic: TopicSpec | str, event: Event) -> None:
+        name = topic if isinstance(topic, str) else getattr(topic, "name", None)
+        spec = self._sinks.get(name) if isinstance(name, str) else None
+        if spec is None:
+            declared = ", ".join(sorted(self._sinks)) or "none"
+            raise OutputError(
+                f"agent {self._agent!r} sends to topic {name or topic!r}, which it does not "
+                f"declare (its sinks: {declared}); add it to sinks=[...] of @app.agent"
+            )
+        if not isinstance(event, Event):
+            raise OutputError(
+                f"agent {self._agent!r}: send({spec.name!r}, ...) takes an Event, not "
+                f"{type(event).__name__}; build one with Event.create(type, stream_id=...)"
+            )
+        sid = event.stream_id
+        if not sid:
+            raise OutputError(
+                f"agent {self._agent!r}: event {event.id} sent to {spec.name!r} has no stream "
+                "id (streamid or subject): it is the message key and picks the partition"
+            )
+        key, value, headers = self._encode(event)
+        partition = partition_for(sid.encode(), spec.partitions)
+        self._outbox.add(Message(spec.name, value, key, headers, partition))
+
+
+class Outbox:
+    """One agent's sends in one partition: the open event's, then the open batch's."""
+
+    __slots__ = ("_batch", "_event")
+
+    def __init__(self) -> None:
+        self._event: list[Message] = []
+        self._batch: list[Message] = []
+
+    def add(self, message: Message) -> None:
+        self._event.append(message)
+
+    def commit_event(self) -> None:
+        if self._event:
+            self._batch.extend(self._event)
+            self._event.clear()
+
+    def rollback_event(self) -> None:
+        self._event.clear()
+
+    def take(self) -> list[Message]:
+        """The open batch's sends, in send order (the outbox is emptied)."""
+        taken, self._batch = self._batch, []
+        return taken
+
+    def drop(self) -> None:
+        """Forget everything not committed (a failed commit)."""
+        self._event.clear()
+        self._batch.clear()
