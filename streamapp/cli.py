@@ -44,6 +44,8 @@ def load_app(ref: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise click.ClickException(f"-A {ref}: cannot import {module_name!r}: {exc}") from exc
+    except StreamappError as exc:  # e.g. an agent refused at registration
+        raise click.ClickException(f"-A {ref}: {exc}") from exc
     if not hasattr(module, attr):
         raise click.ClickException(
             f"-A {ref}: module {module_name!r} has no attribute {attr!r} "

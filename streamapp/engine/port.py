@@ -27,6 +27,11 @@ class Committed(NamedTuple):
 class PartitionPort(Protocol):
     """One source partition, as the task drives it."""
 
+    absolute: bool
+    """True when positions are the partition's own (Kafka offsets): an agent without a
+    position may start elsewhere than the others (the reset policy). False when they
+    only count deliveries from :meth:`begin` on (RabbitMQ): every agent starts there."""
+
     def pause(self) -> None:
         """Stop fetching this partition (the task works, restores or waits)."""
 

@@ -351,7 +351,15 @@ class PartitionTask:
         if self.phase not in (Phase.RESTORING, Phase.CATCHING_UP):
             return
         known, unknown, durable = await self._positions()
-        if unknown:
+        if unknown and known and not self.port.absolute:
+            # Positions count deliveries from begin() on: every lane starts with the others.
+            # A new table without history has nothing to start from: the port may refuse.
+            fresh = any(lane.tables is not None and lane.agent.history is None for lane in unknown)
+            start = await self.port.begin(None if fresh else min(known.values()), stateful=True)
+            known = (
+                dict.fromkeys(self.lanes, start) if fresh else dict.fromkeys(unknown, start) | known
+            )
+        elif unknown:
             stateful = any(lane.tables is not None for lane in unknown)
             from_history = any(lane.agent.history is not None for lane in unknown if lane.tables)
             start = await self.port.begin(None, stateful=stateful, earliest=from_history)
@@ -380,7 +388,9 @@ class PartitionTask:
         unknown: list[Lane] = []
         durable = False
         committed: Committed | None = None
-        if len(self.lanes) > 1 and any(lane.tables is None for lane in self.lanes):
+        stateless = any(lane.tables is None for lane in self.lanes)
+        if stateless and (len(self.lanes) > 1 or self.transaction is not None):
+            # Read after the fence (open): the previous owner's transaction is settled.
             committed = await self.port.committed()
         history_start: int | None = None
         for lane in self.lanes:

@@ -38,6 +38,8 @@ log = logging.getLogger("streamapp.eventstore")
 class _StorePort:
     """A partition fed by the store: the feed follows it once it is live."""
 
+    absolute = True
+
     def __init__(self, feed: StoreFeed) -> None:
         self.feed = feed
         self.task: PartitionTask | None = None

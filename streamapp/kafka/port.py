@@ -44,6 +44,8 @@ def parse_metadata(metadata: str | None) -> dict[str, int]:
 class KafkaPartitionPort:
     """One assigned partition of the group member's consumer."""
 
+    absolute = True
+
     def __init__(
         self,
         consumer: AIOKafkaConsumer,

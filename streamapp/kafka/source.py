@@ -93,10 +93,9 @@ class KafkaSource:
         await check_topics(self.app, self.settings, self.app_ref)
         changelogs = [self.app.changelog_topic(a) for a in self.app.agents.values()]
         self._retention = await delete_retention_ms(self.settings, [t for t in changelogs if t])
-        if any(len(self.app.agents_of(t)) > 1 for t in self._topics):
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
-            await with_startup_retry(self.settings, "Kafka admin", admin.start)
-            self._admin = admin  # reads the agents ahead of committed offsets
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await with_startup_retry(self.settings, "Kafka admin", admin.start)
+        self._admin = admin  # reads committed offsets with their metadata
         await with_startup_retry(self.settings, "Kafka consumer", self._consumer.start)
         self._consumer.subscribe(list(self._topics), listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._poll_loop(), name="poll loop")

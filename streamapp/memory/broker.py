@@ -97,6 +97,8 @@ def _describe(record: Message) -> str:
 class _MemoryPort:
     """A partition of an in-memory topic: the broker reads from ``position``."""
 
+    absolute = True
+
     def __init__(self, records: list[Message]) -> None:
         self.records = records
         self.position = 0

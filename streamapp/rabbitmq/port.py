@@ -50,6 +50,8 @@ class _Entry(NamedTuple):
 class RabbitPartitionPort:
     """One owned partition queue, as the partition task drives it."""
 
+    absolute = False
+
     def __init__(
         self,
         connection: AbstractRobustConnection,

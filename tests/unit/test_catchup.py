@@ -63,6 +63,8 @@ class RecordingChangelog:
 class LivePort:
     """A live source with nothing to deliver yet: it records where it was started."""
 
+    absolute = True
+
     def __init__(self) -> None:
         self.begun: list[int | None] = []
 

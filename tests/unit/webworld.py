@@ -41,6 +41,8 @@ def orders_app(name: str = "webapp") -> App:
 class Port:
     """One in-memory partition: records, a read position, a pause flag."""
 
+    absolute = True
+
     def __init__(self) -> None:
         self.records: list[Message] = []
         self.position = 0
