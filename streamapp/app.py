@@ -189,7 +189,12 @@ class App:
     def _check_reads(self, agent: str, topic: TopicSpec, reads: Sequence[Table[Any]]) -> None:
         for table in reads:
             owner = self.tables.get(table.name)
-            if owner is None or owner[1] is not table:
+            if owner is not None and owner[1] is not table:
+                raise ConfigError(
+                    f"agent {agent!r}: reads=[{table.name!r}] is another Table object than "
+                    f"the one agent {owner[0].name!r} writes; pass that same Table"
+                )
+            if owner is None:
                 raise ConfigError(
                     f"agent {agent!r}: reads=[{table.name!r}] names a table that no agent "
                     f"registered so far in app {self.id!r} owns; register the agent that "

@@ -111,8 +111,6 @@ class Run:
     """Lanes that left the delivery at ``stop`` unsettled (the policy redelivers it)."""
     unavailable: bool = False
     """A lane found a table it reads unavailable at ``stop``."""
-    handled: int = 0
-    """Deliveries handled by at least one lane."""
 
     @property
     def cut(self) -> bool:
@@ -142,6 +140,7 @@ async def run_lanes(
     now = time.monotonic()
     deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
     counts: list[dict[Outcome, int]] = [{} for _ in lanes]
+    delivered = [0] * len(lanes)  # the common case, counted without hashing an enum
     spent = [0.0] * len(lanes)
     for i, record in enumerate(records):
         if i:
@@ -164,20 +163,22 @@ async def run_lanes(
                 lane.agent, item, lane.tables, lane.views, lane.outbox, lane.send
             )
             spent[k] += time.perf_counter() - started
-            settled = await _settled(lane, record, handled, counts[k])
-            if settled:
+            if handled is DELIVERED:
+                delivered[k] += 1
+                reached[k] = position + 1
+            elif await _settled(lane, record, handled, counts[k]):
                 reached[k] = position + 1
             elif handled.outcome is Outcome.UNAVAILABLE:
                 run.unavailable = True
             else:
                 run.failed.append(lane)
-        if item is not None:
-            run.handled += 1
         if run.failed or run.unavailable:
             run.stop = position
             break
     for k, lane in enumerate(lanes):
         got = counts[k]
+        if delivered[k]:
+            got[Outcome.DELIVERED] = got.get(Outcome.DELIVERED, 0) + delivered[k]
         for outcome, n in got.items():
             lane.outcomes[outcome] = lane.outcomes.get(outcome, 0) + n
         size = sum(got.values())
@@ -192,7 +193,7 @@ async def _settled(
     """Count ``handled`` and apply the lane's policy; True when the delivery is settled
     for this lane (delivered, filtered, or parked with a confirm)."""
     counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
-    if handled is DELIVERED or handled.outcome.settles:
+    if handled.outcome.settles:
         return True
     agent = lane.agent
     if handled.outcome is Outcome.UNAVAILABLE:

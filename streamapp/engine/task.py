@@ -4,7 +4,7 @@ Between assignment and revocation the task opens the partition's stores, restore
 from their changelogs, replays the event store when an agent has a history (catch-up),
 hands over to live deliveries, runs batches through every agent of the topic (each a
 lane, :mod:`streamapp.engine.lane`), commits them in the one documented order
-(:meth:`PartitionTask._commit`), rewinds with back-off when a commit fails, and parks
+(:mod:`streamapp.engine.commit`), rewinds with back-off when a commit fails, and parks
 what a policy parks. The transport only gives it a
 :class:`~streamapp.engine.port.PartitionPort` and, where batches must survive a move
 atomically, a :class:`~streamapp.engine.port.Transaction`; where there is none, derived
@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,13 +29,13 @@ from ..events import Event
 from ..outcomes import FailurePolicy, Outcome, Redeliver
 from ..outputs import Encoder
 from ..settings import Settings
-from ..sink import Message
 from ..tables.checkpoint import Checkpoint
-from ..tables.partition import BatchChanges, PartitionTables, spaces_for
+from ..tables.partition import PartitionTables, spaces_for
 from ..tables.reads import Locator, ReadView
 from ..tables.store import Store
 from ..tables.table import Table
 from .attempts import Attempts
+from .commit import Commit, Publish, StoreBehindError
 from .delivery import STORE_POSITION_HEADER, Decoder, Delivery, Parker
 from .lane import SKIP, Lane, Run, run_lanes
 from .metrics import NO_METRICS, TaskMetrics
@@ -50,8 +49,6 @@ StoreOpener = Callable[[Agent, list[str]], Store]
 """Opens an agent's store of the partition with these spaces (blocking: in a thread)."""
 ParkerFor = Callable[[Agent], Parker]
 """The Parker of an agent in this partition."""
-Publish = Callable[[Sequence[Message]], Awaitable[object]]
-"""Publishes derived events and returns once the broker confirmed every one."""
 
 
 class HistoryFeed(Protocol):
@@ -140,7 +137,7 @@ class PartitionTask:
         self.config, self._decode = config, decode
         self.metrics = metrics
         self._open_store, self.transaction, self.history = open_store, transaction, history
-        self._publish, self._locate = publish, locate
+        self._locate = locate
         self.lanes = [
             Lane(
                 a,
@@ -152,6 +149,7 @@ class PartitionTask:
         ]
         for lane in self.lanes:
             lane.tracks = config.replay_on_open and lane.agent.history is not None
+        self._committer = Commit(self.lanes, port, transaction, publish, metrics)
         self.phase = Phase.RESTORING
         self.busy = False
         self.next_position: int | None = None
@@ -375,15 +373,15 @@ class PartitionTask:
             lane.next = lane.committed = known[lane]
         self.next_position = self.start_position = start
         self._reseek = False
-        if durable:  # the group may be behind the stores (an older streamapp, a crash)
-            await self.port.settle(start, self._ahead(start))
+        if durable:  # the group may be behind the tables (a replay, an older streamapp)
+            await self.port.settle(start, self._committer.ahead(start))
         self.phase = Phase.LIVE
         self.port.resume()
         log.info("live %s at position %d", self.name, start)
 
     async def _positions(self) -> tuple[dict[Lane, int], list[Lane], bool]:
         """Each lane's live position where known, the lanes the transport must place,
-        and whether a position came from a checkpoint."""
+        and whether a position is durable in a table (its checkpoint, or the replay)."""
         known: dict[Lane, int] = {}
         unknown: list[Lane] = []
         durable = False
@@ -409,7 +407,7 @@ class PartitionTask:
                 if history_start is None:
                     history_start = await self.history.live_start(self)
                 if history_start is not None:
-                    known[lane] = history_start
+                    known[lane], durable = history_start, True  # the replay holds the rest
                     continue
             unknown.append(lane)
         return known, unknown, durable
@@ -522,14 +520,6 @@ class PartitionTask:
         self.port.rewind(position)
         self._reseek = False
 
-    def _ahead(self, settle: int) -> dict[str, int]:
-        """Lanes whose position is beyond ``settle`` (kept with it by the transport)."""
-        return {
-            lane.name: lane.next
-            for lane in self.lanes
-            if lane.next is not None and lane.next > settle
-        }
-
     # event-store history -----------------------------------------------------------
     def history_position(self) -> int:
         """The next event-store position this partition needs (1: nothing replayed)."""
@@ -608,75 +598,22 @@ class PartitionTask:
                 return False
             deliveries = [d for d in deliveries if d.position >= low]  # out of budget: go on
 
-    # the commit order --------------------------------------------------------------
+    # the commit order (engine/commit.py) -----------------------------------------------
     async def _commit(
         self, settle_at: int | None, checkpoint: Callable[[Lane, Checkpoint], Checkpoint]
     ) -> None:
-        """Commit the open batch of every lane, each with ``checkpoint(lane, current)``.
-        The one commit order of streamapp:
-
-        1. the changelogs get every lane's changes and checkpoint, with the derived
-           events sent and the source position ``settle_at``, atomically (Kafka: one
-           transaction; a new owner restores only committed batches, a ``read_committed``
-           reader sees only committed sends). Without a transaction (RabbitMQ, the memory
-           broker) the derived events are published, confirmed, here instead;
-        2. each lane's store gets the same changes and checkpoint in one atomic write;
-        3. the source settles up to ``settle_at`` (acks; a Kafka offset not in 1).
-
-        A crash between 1 and 2 leaves a store behind its changelog: the next open
-        restores the tail. A crash between 2 and 3 leaves the source behind the store:
-        the checkpoint says where to resume, and the stream-version guard skips what a
-        redelivery repeats (sends made in 1 without a transaction go out again then: at
-        least once). Nothing is settled before it is durable in the table.
-        """
-        started = time.perf_counter()
-        changes: list[tuple[Lane, BatchChanges]] = []
-        for lane in self.lanes:
-            tables = lane.tables
-            if tables is None:
-                continue
-            cp = checkpoint(lane, tables.checkpoint)
-            batch = tables.take_batch(cp)
-            if not batch.empty or cp != tables.checkpoint:
-                changes.append((lane, batch))
-        outputs = [m for lane in self.lanes if lane.outbox is not None for m in lane.outbox.take()]
-        ahead = {} if settle_at is None else self._ahead(settle_at)
-        settled = False
-        if self.transaction is not None:
-            settle = None if settle_at is None else Committed(settle_at, ahead)
-            positions: list[int | None] = list(
-                await self.transaction.commit(
-                    [(lane.agent, b) for lane, b in changes], outputs, settle
-                )
-            )
-            settled = settle is not None
-        else:
-            if outputs:
-                assert self._publish is not None  # checked in __init__
-                await self._publish(outputs)
-            positions = [None] * len(changes)
+        """Commit every lane's open batch (see :class:`~streamapp.engine.commit.Commit`)."""
         try:
-            # Synchronous on purpose: rocksdict holds the GIL while writing, so a thread
-            # would not free the loop, and a write must never race the store's close.
-            for (lane, batch), position in zip(changes, positions, strict=True):
-                assert lane.tables is not None
-                lane.tables.write(batch, position)
-        except Exception as exc:
-            if self.transaction is not None:  # committed: rewinding would send twice
-                self.phase = Phase.LOST
-                log.error(
-                    "%s: the store write failed after the transaction committed (%r); the "
-                    "partition stops here: restart the worker, its stores are restored "
-                    "from the changelogs",
-                    self.name,
-                    exc,
-                )
+            await self._committer(settle_at, checkpoint)
+        except StoreBehindError as exc:
+            self.phase = Phase.LOST
+            log.error(
+                "%s: %s; the partition stops here: restart the worker, its stores are "
+                "restored from the changelogs",
+                self.name,
+                exc,
+            )
             raise
-        if settle_at is not None and not settled:
-            await self.port.settle(settle_at, ahead)
-        duration = time.perf_counter() - started
-        for lane in self.lanes:
-            self.metrics.commit(lane.name, duration)
 
     async def _recover(self) -> bool:
         """After a failed commit: drop the batch, reset the transaction, rewind to the

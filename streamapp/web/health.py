@@ -50,6 +50,8 @@ def add_routes(
                         "topic": agent.topic.name,
                         "partitions": agent.topic.partitions,
                         "tables": [t.name for t in agent.tables],
+                        "reads": [t.name for t in agent.reads],
+                        "sinks": [t.name for t in agent.sinks],
                     }
                     for name, agent in assignment.app.agents.items()
                 },

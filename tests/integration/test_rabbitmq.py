@@ -261,6 +261,10 @@ async def test_orders_app_on_rabbitmq_exact_after_kill_and_restart(
         w = worker()
         await appending
         await wait_ready(w)
+        deadline = time.monotonic() + 60  # drained means nothing: the forwarder is done first
+        while "..6000 (200 events)" not in forwarder.log_text():
+            assert time.monotonic() < deadline, forwarder.log_text()[-2000:]
+            await asyncio.sleep(0.2)
         await wait_drained(amqp, ns, w, 90)
         deadline = time.monotonic() + 60
         while True:

@@ -52,8 +52,11 @@ async def test_status_shows_agents_phases_lag_and_outcomes() -> None:
         "topic": "orders",
         "partitions": 4,
         "tables": ["order_status"],
+        "reads": [],
+        "sinks": [],
     }
     part = body["partitions"][f"orders[{p}]"]
+    assert part["agents"]["project"]["outcomes"]["delivered"] >= 1
     assert part["phase"] == "live"
     assert part["lag"] == 1
     assert part["outcomes"]["delivered"] >= 1

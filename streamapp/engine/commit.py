@@ -1,0 +1,113 @@
+"""The one commit order of streamapp, for every transport (:class:`Commit`).
+
+A partition task commits the open batch of every lane (agent) of its partition here:
+their tables' changes and checkpoints, their derived events, and the source position
+up to which every lane has settled. The order:
+
+1. the changelogs get every lane's changes and checkpoint, with the derived events sent
+   and the source position, atomically (Kafka: one transaction; a new owner restores
+   only committed batches, a ``read_committed`` reader sees only committed sends).
+   Without a transaction (RabbitMQ, the memory broker) the derived events are
+   published, confirmed, here instead;
+2. each lane's store gets the same changes and checkpoint in one atomic write;
+3. the source settles up to the position (acks; a Kafka offset not in 1).
+
+A crash between 1 and 2 leaves a store behind its changelog: the next open restores the
+tail. A crash between 2 and 3 leaves the source behind the store: the checkpoint says
+where to resume, and the stream-version guard skips what a redelivery repeats (sends
+made in 1 without a transaction go out again then: at least once). Nothing is settled
+before it is durable in the table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from ..errors import StreamappError
+from ..sink import Message
+from ..tables.checkpoint import Checkpoint
+from ..tables.partition import BatchChanges
+from .lane import Lane
+from .metrics import TaskMetrics
+from .port import Committed, PartitionPort, Transaction
+
+Publish = Callable[[Sequence[Message]], Awaitable[object]]
+"""Publishes derived events and returns once the broker confirmed every one."""
+
+
+class StoreBehindError(StreamappError):
+    """A store write failed after its transaction committed: running the batch again
+    would send its derived events twice, so the partition stops until it is reopened
+    (its stores are then restored from the changelogs)."""
+
+
+class Commit:
+    """Commits the open batches of a partition task's lanes in the one order above."""
+
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        port: PartitionPort,
+        transaction: Transaction | None,
+        publish: Publish | None,
+        metrics: TaskMetrics,
+    ) -> None:
+        self.lanes, self.port, self.transaction = lanes, port, transaction
+        self._publish, self.metrics = publish, metrics
+
+    def ahead(self, settle: int) -> dict[str, int]:
+        """Lanes whose position is beyond ``settle`` (kept with it by the transport)."""
+        return {
+            lane.name: lane.next
+            for lane in self.lanes
+            if lane.next is not None and lane.next > settle
+        }
+
+    async def __call__(
+        self, settle_at: int | None, checkpoint: Callable[[Lane, Checkpoint], Checkpoint]
+    ) -> None:
+        """Commit every lane's open batch, each with ``checkpoint(lane, current)``, and
+        settle the source up to ``settle_at`` (None: a replayed batch, nothing to
+        settle). Raises StoreBehindError when a store write failed after step 1."""
+        started = time.perf_counter()
+        changes: list[tuple[Lane, BatchChanges]] = []
+        for lane in self.lanes:
+            tables = lane.tables
+            if tables is None:
+                continue
+            cp = checkpoint(lane, tables.checkpoint)
+            batch = tables.take_batch(cp)
+            if not batch.empty or cp != tables.checkpoint:
+                changes.append((lane, batch))
+        outputs = [m for lane in self.lanes if lane.outbox is not None for m in lane.outbox.take()]
+        ahead = {} if settle_at is None else self.ahead(settle_at)
+        settled = False
+        positions: list[int | None] = [None] * len(changes)
+        if self.transaction is not None:
+            settle = None if settle_at is None else Committed(settle_at, ahead)
+            committed = await self.transaction.commit(
+                [(lane.agent, batch) for lane, batch in changes], outputs, settle
+            )
+            positions, settled = list(committed), settle is not None
+        elif outputs:
+            if self._publish is None:
+                raise StreamappError("derived events to send, but no broker to send them to")
+            await self._publish(outputs)
+        try:
+            # Synchronous on purpose: rocksdict holds the GIL while writing, so a thread
+            # would not free the loop, and a write must never race the store's close.
+            for (lane, batch), position in zip(changes, positions, strict=True):
+                assert lane.tables is not None
+                lane.tables.write(batch, position)
+        except Exception as exc:
+            if self.transaction is not None:  # committed: running it again sends twice
+                raise StoreBehindError(
+                    f"the store write failed after the transaction committed ({exc!r})"
+                ) from exc
+            raise
+        if settle_at is not None and not settled:
+            await self.port.settle(settle_at, ahead)
+        duration = time.perf_counter() - started
+        for lane in self.lanes:
+            self.metrics.commit(lane.name, duration)

@@ -1,0 +1,205 @@
+"""The commit order with lanes, sends and positions, on a recording port and transaction:
+
+- with a transaction (Kafka), one commit carries every lane's changelog batch, the
+  derived events and the source position with the lanes ahead of it; nothing else
+  settles;
+- without one (RabbitMQ), derived events are confirmed before the store write, which
+  comes before the settle;
+- a restart places each lane at its own position (checkpoint, or the committed
+  position's ``ahead``) and a lane never runs a delivery below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from streamapp import App, Event, Send, Table, TableView
+from streamapp.agent import Agent
+from streamapp.engine.delivery import Delivery, Message
+from streamapp.engine.port import Committed
+from streamapp.engine.task import PartitionTask, TaskConfig
+from streamapp.kafka import codec
+from streamapp.sink import Message as Outgoing
+from streamapp.tables.partition import BatchChanges, PartitionTables
+from streamapp.tables.store import MemoryStore, Store
+
+
+class Port:
+    absolute = True
+
+    def __init__(self, committed: Committed | None = None) -> None:
+        self.settled: list[tuple[int, dict[str, int]]] = []
+        self.rewound: list[int] = []
+        self._committed = committed
+        self.log: list[str] | None = None
+
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+    def rewind(self, position: int) -> None:
+        self.rewound.append(position)
+
+    async def settle(self, position: int, ahead: Mapping[str, int] = {}) -> None:
+        self.settled.append((position, dict(ahead)))
+        if self.log is not None:
+            self.log.append(f"settle {position}")
+
+    async def committed(self) -> Committed | None:
+        return self._committed
+
+    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
+        return 0 if position is None else position
+
+    def end(self) -> int | None:
+        return None
+
+
+class Transaction:
+    def __init__(self) -> None:
+        self.commits: list[tuple[list[tuple[str, BatchChanges]], list[Outgoing], Any]] = []
+
+    async def open(self) -> None:
+        pass
+
+    async def restore(self, agent: Agent, tables: PartitionTables) -> int:
+        return 0
+
+    async def commit(
+        self,
+        changes: Sequence[tuple[Agent, BatchChanges]],
+        outputs: Sequence[Outgoing],
+        settle: Committed | None,
+    ) -> list[int]:
+        self.commits.append(([(a.name, b) for a, b in changes], list(outputs), settle))
+        return [len(self.commits)] * len(changes)
+
+    async def reset(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def app_with_lanes(calls: list[str], fail: str = "") -> App:
+    """``keep`` (table) and ``echo`` (no table, sends) on one topic; ``keep`` raises on
+    event id ``fail``."""
+    app = App("t")
+    topic, out = app.topic("in", partitions=1), app.topic("out", partitions=1)
+    kept: Table[int] = Table("kept")
+
+    @app.agent(topic, tables=[kept])
+    async def keep(event: Event, kept: TableView[int]) -> None:
+        calls.append(f"keep:{event.id}")
+        kept["s"] = kept.get("s", 0) + 1
+        if event.id == fail:
+            raise RuntimeError("keep fails")
+
+    @app.agent(topic, sinks=[out])
+    async def echo(event: Event, *, send: Send) -> None:
+        calls.append(f"echo:{event.id}")
+        send(out, Event.create("echoed", stream_id="s", id=f"{event.id}/e"))
+
+    return app
+
+
+def records(*ids: str, start: int = 0) -> list[Delivery]:
+    out: list[Delivery] = []
+    for i, eid in enumerate(ids):
+        key, value, headers = codec.encode(Event.create("x", stream_id="s", id=eid))
+        out.append(Message("in", 0, start + i, key, value, tuple(headers)))
+    return out
+
+
+async def no_park(delivery: Delivery, reason: str) -> bool:
+    return False
+
+
+def task(
+    app: App,
+    port: Port,
+    stores: dict[str, Store],
+    *,
+    transaction: Transaction | None = None,
+    publish: Any = None,
+) -> PartitionTask:
+    def open_store(agent: Agent, spaces: list[str]) -> Store:
+        return stores.setdefault(agent.name, MemoryStore(spaces))
+
+    return PartitionTask(
+        app.agents_of("in"),
+        0,
+        port,
+        name="in[0]",
+        config=TaskConfig(redeliver_pause_s=0.0),
+        decode=lambda d: codec.decode(d.key, d.value, d.headers),
+        park=lambda agent: no_park,
+        open_store=open_store,
+        transaction=transaction,
+        encode=codec.encode,
+        publish=publish,
+    )
+
+
+async def test_one_transaction_holds_changelogs_sends_and_the_position_with_lanes_ahead() -> None:
+    calls: list[str] = []
+    port, txn, stores = Port(), Transaction(), {}
+    t = task(app_with_lanes(calls, fail="e1"), port, stores, transaction=txn)
+    await t.open()
+    await t.process(records("e0", "e1", "e2"))
+    assert calls == ["keep:e0", "echo:e0", "keep:e1", "echo:e1"]  # stops after e1
+    (changes, outputs, settle), *_ = txn.commits
+    assert [name for name, _ in changes] == ["keep"]
+    assert changes[0][1].checkpoint.live == 1
+    assert [codec.decode(m.key, m.value, m.headers).id for m in outputs] == ["e0/e", "e1/e"]
+    assert settle == Committed(1, {"echo": 2})  # echo settled e1: it is ahead
+    assert port.settled == []  # the transaction settled
+    assert port.rewound == [1]
+
+    calls.clear()  # redelivered: only keep runs e1 again (and fails again), echo waits
+    await t.process(records("e1", "e2", start=1))
+    assert calls == ["keep:e1"]
+    assert txn.commits[-1][2] == Committed(1, {"echo": 2})
+    await t.close()
+
+
+async def test_a_restart_places_each_lane_at_its_own_position() -> None:
+    calls: list[str] = []
+    stores: dict[str, Store] = {}
+    txn = Transaction()
+    first = task(app_with_lanes(calls, fail="e1"), Port(), stores, transaction=txn)
+    await first.open()
+    await first.process(records("e0", "e1", "e2"))
+    await first.close()
+    # keep's checkpoint says 1; the committed offset 1 says echo is at 2
+    calls.clear()
+    port = Port(committed=Committed(1, {"echo": 2}))
+    again = task(app_with_lanes(calls), port, stores, transaction=Transaction())
+    await again.open()
+    assert [lane.next for lane in again.lanes] == [1, 2]
+    assert again.next_position == 1
+    await again.process(records("e1", "e2", start=1))
+    assert calls == ["keep:e1", "keep:e2", "echo:e2"]  # echo never runs e1 again
+    await again.close()
+
+
+async def test_without_a_transaction_sends_are_confirmed_before_the_store_and_the_settle() -> None:
+    calls: list[str] = []
+    order: list[str] = []
+    stores: dict[str, Store] = {}
+    port = Port()
+    port.log = order
+
+    async def publish(messages: Sequence[Outgoing]) -> None:
+        kept = stores["keep"].get("t:kept", b"s")
+        order.append(f"publish {len(messages)} (store before: {kept!r})")
+
+    t = task(app_with_lanes(calls), port, stores, publish=publish)
+    await t.open()
+    await t.process(records("e0", "e1"))
+    assert order == ["publish 2 (store before: None)", "settle 2"]
+    assert stores["keep"].get("t:kept", b"s") == b"2"
+    await t.close()
