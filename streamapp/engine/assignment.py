@@ -45,7 +45,8 @@ class Assignment:
     def read_store(self, table: Table[Any], partition: int) -> Store:
         """The committed store of ``partition`` of ``table`` on this worker, for an agent
         that reads it (a :data:`~streamapp.tables.reads.Locator`): served while its task
-        is live or catching up; else TableUnavailableError (not owned here, restoring)."""
+        is live; else TableUnavailableError (not owned here, restoring, catching up: the
+        read waits rather than see a partial replay)."""
         return read_store(self.tasks, self.app, table, partition)
 
     @property
@@ -79,11 +80,8 @@ def read_store(
             f"table {table.name!r} partition {partition} is not owned by this worker (yet)"
         )
     tables = task.tables_for(table.name)
-    if tables is None or task.phase not in _READABLE:
+    if tables is None or task.phase is not Phase.LIVE:
         raise TableUnavailableError(
             f"table {table.name!r} partition {partition} is {task.phase.value} here"
         )
     return tables.store
-
-
-_READABLE = (Phase.LIVE, Phase.CATCHING_UP)

@@ -316,7 +316,17 @@ class PartitionTask:
     def _view(self, lane: Lane, table: Table[Any]) -> Any:
         if lane.tables is not None and table in lane.agent.tables:
             return lane.tables.view(table.name)
-        return ReadView(table, self.partition, self.topic.partitions, self._locate)
+        sibling = any(table in other.agent.tables for other in self.lanes)
+        locate = self._sibling_store if sibling else self._locate
+        return ReadView(table, self.partition, self.topic.partitions, locate)
+
+    def _sibling_store(self, table: Table[Any], partition: int) -> Store:
+        """The committed store of a table another agent of this task writes (in any
+        phase: this task's own replay may read it)."""
+        tables = self.tables_for(table.name)
+        if tables is None:
+            raise TableUnavailableError(f"table {table.name!r} partition {partition} is closed")
+        return tables.store
 
     async def _catch_up(self) -> None:
         replay_all = self.config.replay_on_open

@@ -6,10 +6,11 @@ of the table's partition with the same number as the event's: the committed stat
 that partition's store on this worker (never the owner's open batch). Partition ``p`` of
 co-partitioned topics is owned by the same worker (Kafka's range assignor, which a
 worker uses when an agent reads another's table; RabbitMQ's membership gives partition
-``p`` of every topic to one member); when the partition is not served here right now
-(restoring, moving, owned elsewhere), a read raises
+``p`` of every topic to one member); when the partition is not live here right now
+(restoring, catching up, moving, owned elsewhere), a read raises
 :class:`~streamapp.errors.TableUnavailableError` and the event is UNAVAILABLE: tried
-again after a pause, not counted as a failure.
+again after a pause, not counted as a failure. A table of another agent of the same
+topic is read in the same partition task, whatever its phase.
 """
 
 from __future__ import annotations

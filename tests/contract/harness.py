@@ -50,6 +50,11 @@ class AgentHarness(ABC):
     """The ``Redeliver(pause_s=...)`` a test should use here: long enough on a real
     broker to see other partitions flow meanwhile, nothing in memory."""
 
+    settles_in_transaction: bool = False
+    """True when the source position is committed in the batch's transaction with its
+    changelog (Kafka): durable there, and the local store the views read is written right
+    after, so a view may trail the settled position by the batch being committed."""
+
     stateless_calls_exact: bool = True
     """True when an agent without tables sees each event exactly once (no redelivery
     after a commit that was not made); a broker only promises at least once."""

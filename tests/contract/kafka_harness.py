@@ -38,6 +38,7 @@ FAST = {
 class KafkaHarness(AgentHarness):
     redeliver_pause_s = 1.0
     stateless_calls_exact = False
+    settles_in_transaction = True
 
     def __init__(self, bootstrap: str, data_dir: Path) -> None:
         super().__init__()
@@ -120,11 +121,18 @@ class KafkaHarness(AgentHarness):
         await asyncio.gather(*sent)  # acks=all: every record is in the topic
         deadline = time.monotonic() + within_s
         while True:
-            if await self.unsettled() == 0:
+            if await self.unsettled() == 0 and self._idle():
                 return True
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.05)
+
+    def _idle(self) -> bool:
+        """No partition task is committing: the offset commits in the transaction, and
+        the store (what views read) is written right after it."""
+        assert self.worker is not None
+        assert self.worker.source is not None
+        return not any(t.busy for t in self.worker.source.assignment.tasks.values())
 
     async def _partitions(self, topic: str) -> list[TopicPartition]:
         if topic not in self._tps:

@@ -220,12 +220,22 @@ async def wait_caught_up(
         for w in workers:
             assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
         remaining = await lag(bootstrap, group, topic)
-        if remaining == 0:
+        if remaining == 0 and await _idle(workers):
             return
         await asyncio.sleep(0.5)
     raise AssertionError(
         f"group {group} still {remaining} records behind on {topic} after {within_s}s"
     )
+
+
+async def _idle(workers: list[WorkerProc]) -> bool:
+    """No partition of the workers is in a batch: Kafka commits the offset in the batch's
+    transaction and writes the store (what views read) right after it."""
+    for w in workers:
+        status = await w.status()
+        if status is None or any(p["busy"] for p in status["partitions"].values()):
+            return False
+    return True
 
 
 async def wait_ready(worker: WorkerProc, within_s: float = 60.0) -> dict[str, Any]:

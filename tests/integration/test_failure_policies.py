@@ -205,6 +205,10 @@ async def test_a_slow_batch_is_cut_by_the_budget_and_flushed_in_parts(
         partial = {n for n in behind if 0 < n < 60}
         assert len(partial) >= 2, behind  # committed in several parts, not once at the end
         runner = next(iter(worker.source.assignment.tasks.values()))
+        for _ in range(100):  # the offset commits in the transaction, the store right after
+            if not runner.busy:
+                break
+            await asyncio.sleep(0.05)
         assert runner.tables is not None
         view = runner.tables.views[0]
         assert [view.get(f"k{i}") for i in range(3)] == [20, 20, 20]

@@ -219,11 +219,18 @@ async def test_publish_many_5000_arrive_complete_in_order_per_key(
 
 
 async def wait_drained(amqp: str, ns: str, worker: WorkerProc, within_s: float) -> None:
-    """Until every partition queue of the orders topic has no ready message."""
+    """Until every partition queue of the orders topic has no ready message and the
+    worker's partitions are idle, twice in a row: a ready count of 0 alone says nothing
+    of the messages the broker pushed to the worker (prefetch) and it has not acked."""
     deadline = time.monotonic() + within_s
+    quiet = 0
     while time.monotonic() < deadline:
         assert worker.alive, f"worker died:\n{worker.log_text()[-3000:]}"
-        if sum([await depth(amqp, f"{ns}orders.{p}") for p in range(8)]) == 0:
+        status = await worker.status()
+        idle = status is not None and not any(p["busy"] for p in status["partitions"].values())
+        ready = sum([await depth(amqp, f"{ns}orders.{p}") for p in range(8)])
+        quiet = quiet + 1 if idle and ready == 0 else 0
+        if quiet >= 2:
             return
         await asyncio.sleep(0.5)
     raise AssertionError(f"queues not drained after {within_s}s:\n{worker.log_text()[-3000:]}")

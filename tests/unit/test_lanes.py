@@ -183,3 +183,31 @@ def test_offset_metadata_round_trips_and_ignores_foreign_metadata() -> None:
 
 def test_transactional_id_is_per_source_partition() -> None:
     assert transactional_id("app", "orders", 3) == "app-orders-3"
+
+
+async def test_an_agent_reads_the_committed_table_of_another_agent_of_its_topic() -> None:
+    """Same topic, same partition task: the read sees the writer's committed state, not
+    its open batch (the event in hand is not in it yet)."""
+    app = App("t")
+    topic = app.topic("in", partitions=2)
+    totals: Table[int] = Table("totals")
+    seen: Table[list[Any]] = Table("seen")
+
+    @app.agent(topic, tables=[totals])
+    async def writer(event: Event, totals: TableView[int]) -> None:
+        assert event.stream_id is not None
+        totals[event.stream_id] = totals.get(event.stream_id, 0) + 1
+
+    @app.agent(topic, tables=[seen], reads=[totals])
+    async def reader(event: Event, seen: TableView[list[Any]], totals: ReadView[int]) -> None:
+        assert event.stream_id is not None
+        seen[event.stream_id] = [*seen.get(event.stream_id, []), totals.get(event.stream_id)]
+
+    broker = MemoryBroker(app)
+    broker.send("in", _ev("e0"))
+    broker.send("in", _ev("e1"))
+    await broker.process()  # one batch: the writer's count is not committed yet
+    broker.send("in", _ev("e2"))
+    await broker.process()
+    assert broker.table("totals").get("s") == 3
+    assert broker.table("seen").get("s") == [None, None, 2]
