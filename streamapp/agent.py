@@ -78,6 +78,9 @@ class BatchResult:
     settled: int
     failure: Handled | None = None
     counts: dict[Outcome, int] = field(default_factory=dict)
+    unversioned: int = 0
+    """Events applied to tables without ``streamversion``: no duplicate check was possible
+    (at-least-once; a redelivery of one applies it again)."""
 
     @property
     def redeliver(self) -> bool:
@@ -89,6 +92,7 @@ YIELD_EVERY_S = 0.02
 otherwise hold it for a whole batch (group heartbeats, views and other partitions wait)."""
 
 _DELIVERED = Handled(Outcome.DELIVERED)
+_UNVERSIONED = Handled(Outcome.DELIVERED, "no streamversion: applied at least once")
 _DUPLICATE = Handled(Outcome.FILTERED, "already applied")
 _FILTERED = Handled(Outcome.FILTERED, "filter")
 
@@ -124,9 +128,10 @@ async def handle(
             raise  # a real cancellation of the batch
         return _failed(tables, exc)  # a handler's own timeout leaking out
     if tables is not None:
-        if version is not None:
-            tables.record_version(sid, version)
         tables.commit_event()
+        if version is None:
+            return _UNVERSIONED
+        tables.record_version(sid, version)
     return _DELIVERED
 
 
@@ -157,18 +162,22 @@ async def run_batch(
     now = time.monotonic()
     deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
     counts: dict[Outcome, int] = {}
-    delivered = 0  # the common case, counted without hashing an enum
+    delivered = unversioned = 0  # the common cases, counted without hashing an enum
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
-            if now > deadline:
-                return BatchResult(i, counts=_counts(counts, delivered))  # out of time
+            if now > deadline:  # out of time
+                return BatchResult(i, counts=_counts(counts, delivered), unversioned=unversioned)
             if now > next_yield:  # let heartbeats, views and other partitions in
                 await asyncio.sleep(0)
                 next_yield = time.monotonic() + YIELD_EVERY_S
         handled = await handle(agent, decode_delivery(decode, record), tables)
         if handled is _DELIVERED:
             delivered += 1
+            continue
+        if handled is _UNVERSIONED:
+            delivered += 1
+            unversioned += 1
             continue
         counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
         if handled.outcome.settles:
@@ -182,8 +191,10 @@ async def run_batch(
             continue
         then = f"will redeliver (attempt {attempt}{_of(agent.on_failure)})"
         _log_failure(agent, record, handled, then, logging.WARNING)
-        return BatchResult(i, failure=handled, counts=_counts(counts, delivered))
-    return BatchResult(len(records), counts=_counts(counts, delivered))
+        return BatchResult(
+            i, failure=handled, counts=_counts(counts, delivered), unversioned=unversioned
+        )
+    return BatchResult(len(records), counts=_counts(counts, delivered), unversioned=unversioned)
 
 
 _TRACEBACKS = Gate(window_s=60.0)

@@ -120,6 +120,8 @@ class PartitionTask:
         self.processed = 0
         self.restored = 0
         self.replayed = 0
+        self.unversioned = 0
+        """Events applied without ``streamversion`` (at-least-once: see BatchResult)."""
         self._tracks = self.config.replay_on_open and agent.history is not None
         """Live deliveries advance the checkpoint's store position (their header)."""
         self.history_next = 1
@@ -357,6 +359,9 @@ class PartitionTask:
         outcomes = self.outcomes
         for outcome, n in result.counts.items():
             outcomes[outcome] = outcomes.get(outcome, 0) + n
+        if result.unversioned:
+            self.unversioned += result.unversioned
+            self.metrics.unversioned(self.agent.name, result.unversioned)
         handled = result.settled + (result.failure is not None)
         self.metrics.batch(self.agent.name, handled, time.perf_counter() - started, result.counts)
         return result
@@ -525,6 +530,7 @@ class PartitionTask:
             "processed": self.processed,
             "restored": self.restored,
             "replayed": self.replayed,
+            "unversioned": self.unversioned,
             "outcomes": {o.value: n for o, n in sorted(self.outcomes.items(), key=_by_value)},
             "store_position": None if cp is None else cp.history,
             "caught_up": None if cp is None else cp.caught_up,

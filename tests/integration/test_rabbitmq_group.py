@@ -33,6 +33,7 @@ from .harness import (
     assert_exact,
     order_events,
     read_table,
+    wait_group_ready,
     wait_ready,
 )
 from .test_rabbitmq import depth, rabbit_env, topics_create
@@ -436,6 +437,45 @@ async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_p
         for w in workers:
             await wait_ready(w, 90)
         await _read_exact(workers, expected)
+        for w in workers:
+            assert w.stop() == 0
+    finally:
+        forwarder.kill()
+        for w in workers:
+            if w.alive:
+                w.kill()
+
+
+async def test_views_of_two_rabbitmq_workers_answer_every_key_from_its_owner(
+    amqp: str, tmp_path: Path
+) -> None:
+    """Each worker serves its partitions and forwards the others' keys to their owner,
+    whose address it learned from the members' heartbeats."""
+    ns = f"rv{uuid.uuid4().hex[:6]}-"
+    store = f"sqlite:///{tmp_path / 'events.db'}"
+    env = rabbit_env(amqp, STREAMAPP_EVENT_STORE=store, STREAMAPP_POLL_TIMEOUT_MS="200")
+    topics_create(ns, env)
+    evs, expected = order_events(300, 3000)
+    await append_to_store(store, evs)
+    forwarder = StreamappProc(
+        ("forward", "-A", "agents.orders:app"),
+        "127.0.0.1:1",
+        ns,
+        tmp_path / "fwd.log",
+        extra_env=env,
+    ).start()
+    workers = [
+        WorkerProc(
+            "127.0.0.1:1", ns, tmp_path / n, tmp_path / f"{n}.log", extra_env=dict(env)
+        ).start()
+        for n in ("w1", "w2")
+    ]
+    try:
+        await wait_group_ready(workers, 8)
+        await _drained(amqp, ns, store, len(evs), 120)
+        await _read_exact(workers, expected)  # one local answer per key, the other forwarded
+        statuses = [await w.status() for w in workers]
+        assert all(s and len(s["partitions"]) == 4 for s in statuses), statuses
         for w in workers:
             assert w.stop() == 0
     finally:
