@@ -9,6 +9,7 @@ is made by silencing one in-process member's heartbeats.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 import uuid
@@ -399,8 +400,11 @@ def _rabbitmq(action: str) -> None:
 
 
 async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_path: Path) -> None:
-    if services.how != "scripts/services":
-        pytest.skip("restarts the broker of scripts/services only")
+    if services.how != "scripts/services" and not os.environ.get("STREAMAPP_TEST_RESTARTABLE"):
+        pytest.skip(
+            "restarts the broker of scripts/services only (or, with STREAMAPP_TEST_RESTARTABLE=1, "
+            "the one STREAMAPP_SERVICES_HOME and STREAMAPP_RABBITMQ_PORT name)"
+        )
     amqp = services.amqp
     ns = f"rr{uuid.uuid4().hex[:6]}-"
     store = f"sqlite:///{tmp_path / 'events.db'}"
