@@ -403,3 +403,35 @@ async def test_reconnect_redelivers_in_flight_deliveries_and_state_applies_once(
     finally:
         await h.stop()
         await proxy.stop()
+
+
+async def test_with_reconnect_off_a_lost_connection_stops_the_worker_loudly(
+    amqp: str, tmp_path: Path
+) -> None:
+    from urllib.parse import urlsplit
+
+    from streamapp.errors import SourceError
+    from tests.contract.rabbit_harness import RabbitHarness
+    from tests.contract.test_agent_contract import ev, log_app
+
+    parts = urlsplit(amqp)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5672)
+    port = await proxy.start()
+    h = RabbitHarness(f"amqp://guest:guest@127.0.0.1:{port}/", tmp_path)
+    try:
+        app = log_app(h, partitions=2)
+        app._overrides["amqp_reconnect"] = False
+        await h.start(app)
+        await h.send(ev("a", "a1", version=1))
+        assert await h.settle(30)
+        assert h.worker is not None
+        source = h.worker.source
+        assert source is not None
+        proxy.cut()
+        with pytest.raises(
+            SourceError, match=r"amqp_reconnect \(STREAMAPP_AMQP_RECONNECT\) is off"
+        ):
+            await asyncio.wait_for(source.wait(), 30)
+    finally:
+        await h.stop()
+        await proxy.stop()
