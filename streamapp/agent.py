@@ -128,10 +128,11 @@ async def handle(
             raise  # a real cancellation of the batch
         return _failed(tables, exc)  # a handler's own timeout leaking out
     if tables is not None:
-        tables.commit_event()
         if version is None:
+            tables.commit_event()
             return _UNVERSIONED
         tables.record_version(sid, version)
+        tables.commit_event()
     return _DELIVERED
 
 
