@@ -124,6 +124,9 @@ class PartitionTask:
         """Events applied without ``streamversion`` (at-least-once: see BatchResult)."""
         self._tracks = self.config.replay_on_open and agent.history is not None
         """Live deliveries advance the checkpoint's store position (their header)."""
+        self._check_gap = False
+        """Before the next live batch, replay what the store holds below its first store
+        position (see :meth:`recheck`)."""
         self.history_next = 1
         """The next store position known here: ahead of the checkpoint when chunks had
         nothing for this partition (not worth a commit), or for a task without tables."""
@@ -279,6 +282,7 @@ class PartitionTask:
             start = await self.port.begin(position, stateful=True, earliest=from_history)
         self.next_position = self.start_position = start
         self._reseek = False
+        self._check_gap = self._tracks
         self.phase = Phase.LIVE
         self.port.resume()
         log.info("live %s at position %d", self.name, start)
@@ -296,6 +300,36 @@ class PartitionTask:
         self._batch = asyncio.create_task(self.process(deliveries), name=f"batch {self.name}")
         self._batch.add_done_callback(self._batch_done)
 
+    def recheck(self) -> None:
+        """The source may have changed hands under this task (a queue with single active
+        consumer, after an open or a reconnect): before the next live batch, events of
+        this partition stored below that batch's first store position, which another
+        consumer may have taken and acked, are replayed from the store."""
+        self._check_gap = self._tracks
+
+    async def _close_gap(self, deliveries: Sequence[Delivery]) -> None:
+        first = _store_position(deliveries[:1])
+        if first is None or first <= self.history_position() or self.history is None:
+            return
+        tables = self.tables
+        assert tables is not None
+        before = self.outcomes.get(Outcome.DELIVERED, 0)
+        self.phase = Phase.CATCHING_UP
+        await self.history.catch_up(self)
+        if self.phase is not Phase.CATCHING_UP:
+            return
+        await self._commit(tables.checkpoint.advanced(history=self.history_position()), None)
+        self.phase = Phase.LIVE
+        applied = self.outcomes.get(Outcome.DELIVERED, 0) - before
+        if applied:
+            log.warning(
+                "%s: %d stored event(s) below the first live one (store position %d) were "
+                "consumed elsewhere (members that disagreed?): applied from the store",
+                self.name,
+                applied,
+                first,
+            )
+
     def dropped(self) -> None:
         """Deliveries arrived while not accepting: rewind before resuming."""
         self._reseek = True
@@ -310,6 +344,9 @@ class PartitionTask:
         config = self.config
         wait_s = 0.0
         try:
+            if self._check_gap:
+                self._check_gap = False
+                await self._close_gap(deliveries)
             size = config.max_batch_records
             for i in range(0, len(deliveries), size):
                 if self.phase is not Phase.LIVE:  # closed: the next owner starts at our checkpoint

@@ -68,6 +68,9 @@ class RabbitPartitionPort:
         self._feed = feed
         """Hands deliveries to the task; False when it does not accept them now."""
         self._refused = refused
+        self.on_renewed: Callable[[], None] | None = None
+        """Called when a re-opened channel consumes again (another consumer may have
+        been active on the queue meanwhile)."""
         self._channel: AbstractChannel | None = None
         self._entries: deque[_Entry] = deque()
         """Received, not settled, in position order."""
@@ -195,6 +198,8 @@ class RabbitPartitionPort:
                 len(self._entries) + len(self._held),
             )
         self._life = channel
+        if self.on_renewed is not None:
+            self.on_renewed()
         self._entries.clear()  # their tags died with the old channel
         self._held.clear()
         self._awaiting = None

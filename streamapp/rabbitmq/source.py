@@ -186,6 +186,7 @@ class RabbitSource:
             open_store=open_store if agent.tables else None,
             history=self.history,
         )
+        port.on_renewed = task.recheck
         return task
 
     async def _release(self, partitions: Partitions) -> None:

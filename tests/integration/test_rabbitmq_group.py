@@ -279,6 +279,74 @@ async def test_members_that_disagree_apply_each_event_once(amqp: str, tmp_path: 
                 await m.stop()
 
 
+async def test_a_member_nobody_hears_hands_over_without_losing_an_event(
+    amqp: str, tmp_path: Path
+) -> None:
+    """A's heartbeats are lost and it hears B late: B takes every partition and replays
+    the store while A, the active consumer, goes on applying; then A sees B holding them
+    and lets go (its contests are lost too). What A applied after B's replay reached the
+    store's head is replayed by B before its first live message."""
+    ns = f"gm{uuid.uuid4().hex[:6]}-"
+    calls: Calls = []
+    a, b = Member(ns, amqp, tmp_path, "a", calls), Member(ns, amqp, tmp_path, "b", calls)
+    await create_topology(a.app, a.app.settings())
+    store = a.app.settings().event_store
+    fwd = await run_forwarder(a.app)
+    try:
+        await a.start()
+        await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+        group = a.group
+        send, heard = group._send, group._heard
+
+        async def mute(*, leaving: bool = False) -> None:
+            return None
+
+        group._send = mute  # type: ignore[method-assign]
+        group._heard = lambda *args: None  # type: ignore[method-assign]
+        stream = events(4000, 60)
+
+        async def load() -> None:
+            for i in range(0, len(stream), 50):
+                await append_to_store(store, stream[i : i + 50])
+                await asyncio.sleep(0.1)
+
+        loading = asyncio.create_task(load())
+        await asyncio.sleep(0.5)
+        await b.start()  # mid-load
+        await until(lambda: b.owned() == set(range(PARTITIONS)), 30, "b takes all")
+        await asyncio.sleep(1.5)  # b caught up and waits; a, the active consumer, applies
+        assert not loading.done()
+        applied_by_a = len([1 for who, _ in calls if who == "a"])
+        group._heard = heard  # type: ignore[method-assign]  # a hears b holding everything
+        await until(lambda: not a.owned(), 30, "a lets go")
+        assert len([1 for who, _ in calls if who == "a"]) > applied_by_a  # a applied meanwhile
+        await loading
+        expected = expected_counts(stream)
+        await until(lambda: all(b.value(k) == v for k, v in expected.items()), 60, "b exact")
+        assert {who for who, _ in calls} == {"a", "b"}  # both applied live events
+
+        group._send = send  # type: ignore[method-assign]
+        await until(
+            lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
+            30,
+            "a is heard again and takes its share",
+        )
+        more = events(200, 60, 4000)
+        await append_to_store(store, more)
+        expected = expected_counts(stream + more)
+        await until(
+            lambda: all((a.value(k) or b.value(k)) == v for k, v in expected.items()),
+            30,
+            "exact once the members agree",
+        )
+    finally:
+        fwd.cancel()
+        await asyncio.gather(fwd, return_exceptions=True)
+        for m in (b, a):
+            if m.worker.source is not None:
+                await m.stop()
+
+
 # --- the reference app, as processes --------------------------------------------------------
 
 
