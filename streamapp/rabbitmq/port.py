@@ -15,6 +15,10 @@ accepts them (``pause``/``resume``); the prefetch bounds how many the broker sen
   one are dropped here, the broker redelivers them (``redelivered=True``) and they get
   new positions; a settle of an old delivery is skipped (its tag died with the channel),
   and the stream-version guard applies each event once.
+- A consumer the broker cancels (``basic.cancel``: the queue was deleted, or it moved)
+  is gone for good: the client would only try to re-consume quietly. The port closes
+  its channel (what it held goes back to the queue, if the queue still exists) and
+  fails the source with an error naming the queue and the command that re-creates it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractRobustChannel,
+    AbstractRobustConnection,
+)
 
 from ..engine.delivery import Message
 from ..errors import ConfigError, SourceError
@@ -59,7 +68,8 @@ class RabbitPartitionPort:
         prefetch: int,
         requeue_interval_s: float,
         feed: Callable[[list[Message]], bool],
-        refused: Callable[[BaseException], None],
+        fail: Callable[[BaseException], None],
+        app_ref: str = "MODULE:app",
     ) -> None:
         self.topic, self.partition, self.queue = topic, partition, queue
         self.name = f"{topic}[{partition}]"
@@ -67,11 +77,14 @@ class RabbitPartitionPort:
         self._connection = connection
         self._feed = feed
         """Hands deliveries to the task; False when it does not accept them now."""
-        self._refused = refused
+        self._fail = fail
+        """Fails the source: this partition cannot run here (the worker stops)."""
+        self.app_ref = app_ref
         self.on_renewed: Callable[[], None] | None = None
         """Called when a re-opened channel consumes again (another consumer may have
         been active on the queue meanwhile)."""
         self._channel: AbstractChannel | None = None
+        self._consumer_tag: str | None = None
         self._entries: deque[_Entry] = deque()
         """Received, not settled, in position order."""
         self._next = 0
@@ -92,12 +105,16 @@ class RabbitPartitionPort:
         """Deliveries that came with the broker's redelivered flag."""
         self.acked = 0
         """Deliveries acked (the ack frame written on a live channel)."""
+        self.cancelled: SourceError | None = None
+        """Set when the broker cancelled the consumer (the partition stopped)."""
 
     # PartitionPort -----------------------------------------------------------------
     def pause(self) -> None:
         self._paused = True
 
     def resume(self) -> None:
+        if self.cancelled is not None:
+            return  # stopped for good: nothing more is handed
         self._paused = False
         if self._held:
             wait = self._last_requeue + self.requeue_interval_s - time.monotonic()
@@ -148,14 +165,17 @@ class RabbitPartitionPort:
                 "history=FromEventStore() on the agent (the partition is then rebuilt by "
                 "replaying the event store), or bring its data directory back."
             )
-            self._refused(error)  # loud: the worker stops
+            self._fail(error)  # loud: the worker stops
             raise error
         self._next = self._handed = position or 0
         try:
             channel = await self._connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
             queue = await channel.declare_queue(self.queue, passive=True)
-            await queue.consume(self._on_message, no_ack=False)
+            await self._watch(channel)
+            if isinstance(channel, AbstractRobustChannel):  # a reconnect: a new client channel
+                channel.reopen_callbacks.add(self._watch)
+            self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
         except Exception as exc:
             raise SourceError(f"{self.name}: cannot consume queue {self.queue!r}: {exc!r}") from exc
         self._channel = channel
@@ -163,6 +183,33 @@ class RabbitPartitionPort:
         return self._next
 
     # the consumer --------------------------------------------------------------------
+    async def _watch(self, channel: AbstractChannel | None) -> None:
+        """Hear the broker's ``basic.cancel`` on the client channel under ``channel``."""
+        if channel is None:
+            return
+        underlay = await channel.get_underlay_channel()
+        underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+
+    def _on_cancel(self, frame: Any) -> None:
+        """The broker cancelled a consumer of this channel (it never comes back)."""
+        tag = getattr(frame, "consumer_tag", None)
+        ours = self._consumer_tag
+        if self.cancelled is not None or (ours is not None and tag != ours):
+            return
+        self.cancelled = SourceError(
+            f"{self.name}: RabbitMQ cancelled the consumer of queue {self.queue!r} "
+            "(basic.cancel: the queue was deleted, or it moved to another node), so this "
+            "partition would sit idle; the worker stops. Messages of a deleted queue are "
+            "gone with it: re-create the topology with `STREAMAPP_BROKER=rabbitmq streamapp "
+            f"topics create -A {self.app_ref}`, republish what is missing (e.g. `streamapp "
+            "forward` from the event store), then start the worker again.",
+            retriable=False,
+        )
+        log.error("%s", self.cancelled)
+        self._paused = True
+        self._spawn(self._close_channel())  # not here: we run in its reader task
+        self._fail(self.cancelled)
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         """Called in delivery order (one task each, started in order): no await here."""
         life = _life_of(message)
@@ -246,15 +293,18 @@ class RabbitPartitionPort:
         self._paused = True
         if self._requeue_timer is not None:
             self._requeue_timer.cancel()
+        await self._close_channel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _close_channel(self) -> None:
         channel, self._channel = self._channel, None
         if channel is not None and not channel.is_closed:
             try:
                 await channel.close()
             except Exception as exc:
                 log.debug("%s: closing the channel: %r", self.name, exc)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 async def _nack(message: AbstractIncomingMessage, name: str, *, multiple: bool) -> None:

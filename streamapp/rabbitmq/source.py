@@ -128,7 +128,8 @@ class RabbitSource:
             self._failed.set_result(None)
 
     async def wait(self) -> None:
-        """Until stopped; raises when a partition was refused (no state to start from)."""
+        """Until stopped; raises when a partition cannot run: refused (no state to start
+        from), or its consumer cancelled by the broker (its queue deleted)."""
         if self._failed is not None:
             await self._failed
 
@@ -172,7 +173,8 @@ class RabbitSource:
             prefetch=settings.amqp_prefetch,
             requeue_interval_s=settings.poll_timeout_ms / 1000,
             feed=feed,
-            refused=self._fail,
+            fail=self._fail,
+            app_ref=self.app_ref,
         )
         self.ports[(topic, p)] = port
         task = PartitionTask(

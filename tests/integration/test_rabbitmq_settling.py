@@ -20,6 +20,7 @@ How each row is realised on RabbitMQ:
   a park that fails leaves the original unacked (it comes back).
 - REFUSED (a partition that cannot run: tables without history or local state): the
   source fails, the worker stops, what it held goes back, flagged.
+- A consumer cancelled by the broker (its queue deleted) fails the source loudly.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import aio_pika
 import pytest
 
 from streamapp import ConfigError, Event, Park, Redeliver, Table, TableView
+from streamapp.errors import SourceError
+from streamapp.partitioner import partition_for
 from streamapp.rabbitmq import codec
 from streamapp.rabbitmq.port import RabbitPartitionPort
 from streamapp.rabbitmq.sink import RabbitSink
@@ -370,3 +373,33 @@ async def test_refused_stops_the_source_and_what_it_held_goes_back_flagged(
     never = await read_raw(services.amqp, q_refused, 4, ack=True)
     assert [(s.id, s.redelivered) for s in never] == [(f"never{i}", False) for i in range(4)]
     assert h.calls["never0"] == 0
+
+
+# --- basic.cancel -------------------------------------------------------------------------
+
+
+async def test_queue_deleted_under_a_running_source_fails_it_naming_the_queue(
+    h: RabbitHarness, services: Services
+) -> None:
+    await h.start(log_app(h, partitions=2))
+    for p in range(2):
+        await h.send(ev(key_on(p, 2), f"e{p}"))
+    assert await h.settle()
+    source = source_of(h)
+    gone = queue_name(h.topic, 1)
+
+    await _delete_queue(services.amqp, gone)  # the broker cancels the consumer
+    with pytest.raises(SourceError) as failed:
+        await asyncio.wait_for(source.wait(), 30)
+    message = str(failed.value)
+    assert f"queue {gone!r}" in message
+    assert "cancelled the consumer" in message
+    assert "STREAMAPP_BROKER=rabbitmq streamapp topics create -A MODULE:app" in message
+    assert not failed.value.retriable
+    port = source.ports[(h.topic, 1)]
+    assert port.cancelled is failed.value
+    await until(lambda: port._channel is None, "the channel closed")
+
+    await h.send(ev(key_on(0, 2), "after"))  # the other partition was not touched
+    await until(lambda: h.calls["after"] == 1, "partition 0 going on")
+    assert partition_for(key_on(0, 2).encode(), 2) == 0
