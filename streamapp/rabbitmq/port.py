@@ -15,10 +15,12 @@ accepts them (``pause``/``resume``); the prefetch bounds how many the broker sen
   one are dropped here, the broker redelivers them (``redelivered=True``) and they get
   new positions; a settle of an old delivery is skipped (its tag died with the channel),
   and the stream-version guard applies each event once.
+- The port consumes again itself after a reconnect (the queue is not left to the robust
+  client, whose recovery would fail the whole connection over one missing queue).
 - A consumer the broker cancels (``basic.cancel``: the queue was deleted, or it moved)
-  is gone for good: the client would only try to re-consume quietly. The port closes
-  its channel (what it held goes back to the queue, if the queue still exists) and
-  fails the source with an error naming the queue and the command that re-creates it.
+  is gone for good, and so is a queue missing after a reconnect. The port closes its
+  channel (what it held goes back to the queue, if the queue still exists) and fails
+  the source with an error naming the queue and the command that re-creates it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from aio_pika.abc import (
     AbstractRobustChannel,
     AbstractRobustConnection,
 )
+from aiormq.exceptions import ChannelNotFoundEntity
 
 from ..engine.delivery import Message
 from ..errors import ConfigError, SourceError
@@ -171,11 +174,10 @@ class RabbitPartitionPort:
         try:
             channel = await self._connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
-            queue = await channel.declare_queue(self.queue, passive=True)
             await self._watch(channel)
             if isinstance(channel, AbstractRobustChannel):  # a reconnect: a new client channel
-                channel.reopen_callbacks.add(self._watch)
-            self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+                channel.reopen_callbacks.add(self._reopened)
+            await self._consume(channel)
         except Exception as exc:
             raise SourceError(f"{self.name}: cannot consume queue {self.queue!r}: {exc!r}") from exc
         self._channel = channel
@@ -183,6 +185,21 @@ class RabbitPartitionPort:
         return self._next
 
     # the consumer --------------------------------------------------------------------
+    async def _consume(self, channel: AbstractChannel) -> None:
+        """Consume the partition queue on ``channel``. On a robust channel, not robustly
+        (the client would re-declare the queue on a reconnect, and one missing queue would
+        fail the whole connection's recovery): :meth:`_reopened` consumes again itself."""
+        if isinstance(channel, AbstractRobustChannel):
+            robust = await channel.declare_queue(self.queue, passive=True, robust=False)
+            self._consumer_tag = await robust.consume(
+                self._on_message, no_ack=False, consumer_tag=self._consumer_tag, robust=False
+            )
+            return
+        queue = await channel.declare_queue(self.queue, passive=True)
+        self._consumer_tag = await queue.consume(
+            self._on_message, no_ack=False, consumer_tag=self._consumer_tag
+        )
+
     async def _watch(self, channel: AbstractChannel | None) -> None:
         """Hear the broker's ``basic.cancel`` on the client channel under ``channel``."""
         if channel is None:
@@ -190,24 +207,63 @@ class RabbitPartitionPort:
         underlay = await channel.get_underlay_channel()
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
 
+    async def _reopened(self, channel: AbstractRobustChannel | None) -> None:
+        """The robust connection re-opened ``channel`` after a loss: consume again once
+        the channel is restored (this callback runs inside the restore)."""
+        if channel is None or self.cancelled is not None:
+            return
+        await self._watch(channel)
+        self._spawn(self._consume_again(channel))
+
+    async def _consume_again(self, channel: AbstractRobustChannel) -> None:
+        try:
+            await channel.ready()
+            underlay = await channel.get_underlay_channel()
+            probe = await underlay.connection.channel(publisher_confirms=False)
+            try:  # on a channel of its own: a 404 closes the channel it is asked on
+                await probe.queue_declare(self.queue, passive=True)
+            finally:
+                if not probe.is_closed:
+                    await probe.close()
+        except ChannelNotFoundEntity:
+            self._gone("no longer exists after a reconnect (deleted while the connection was down)")
+            return
+        except Exception as exc:  # lost again: the next re-open tries again
+            log.warning("%s: consuming %s again failed: %r", self.name, self.queue, exc)
+            return
+        try:
+            await self._consume(channel)
+        except Exception as exc:
+            log.warning("%s: consuming %s again failed: %r", self.name, self.queue, exc)
+            return
+        log.info("%s: consuming queue %s again after a reconnect", self.name, self.queue)
+
     def _on_cancel(self, frame: Any) -> None:
         """The broker cancelled a consumer of this channel (it never comes back)."""
         tag = getattr(frame, "consumer_tag", None)
         ours = self._consumer_tag
-        if self.cancelled is not None or (ours is not None and tag != ours):
+        if ours is not None and tag != ours:
+            return
+        self._gone(
+            "had its consumer cancelled by RabbitMQ (basic.cancel: the queue was deleted, "
+            "or it moved to another node)"
+        )
+
+    def _gone(self, why: str) -> None:
+        """The partition queue cannot be consumed any more: stop here, fail the source."""
+        if self.cancelled is not None:
             return
         self.cancelled = SourceError(
-            f"{self.name}: RabbitMQ cancelled the consumer of queue {self.queue!r} "
-            "(basic.cancel: the queue was deleted, or it moved to another node), so this "
-            "partition would sit idle; the worker stops. Messages of a deleted queue are "
-            "gone with it: re-create the topology with `STREAMAPP_BROKER=rabbitmq streamapp "
-            f"topics create -A {self.app_ref}`, republish what is missing (e.g. `streamapp "
-            "forward` from the event store), then start the worker again.",
+            f"{self.name}: queue {self.queue!r} {why}, so this partition would sit idle; "
+            "the worker stops. Messages of a deleted queue are gone with it: re-create the "
+            f"topology with `STREAMAPP_BROKER=rabbitmq streamapp topics create -A "
+            f"{self.app_ref}`, republish what is missing (e.g. `streamapp forward` from "
+            "the event store), then start the worker again.",
             retriable=False,
         )
         log.error("%s", self.cancelled)
         self._paused = True
-        self._spawn(self._close_channel())  # not here: we run in its reader task
+        self._spawn(self._close_channel())  # not inline: we may run in its reader task
         self._fail(self.cancelled)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:

@@ -20,7 +20,8 @@ How each row is realised on RabbitMQ:
   a park that fails leaves the original unacked (it comes back).
 - REFUSED (a partition that cannot run: tables without history or local state): the
   source fails, the worker stops, what it held goes back, flagged.
-- A consumer cancelled by the broker (its queue deleted) fails the source loudly.
+- A consumer cancelled by the broker (its queue deleted), or a queue missing after a
+  reconnect, fails the source loudly; the other partitions are not held up meanwhile.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import pytest
@@ -49,7 +51,7 @@ from tests.conftest import Services
 from tests.contract.rabbit_harness import RabbitHarness
 from tests.contract.test_agent_contract import AGENT, ev, key_on, log_app, logged
 
-from .harness import append_to_store
+from .harness import Proxy, append_to_store
 
 pytestmark = pytest.mark.integration
 
@@ -393,7 +395,7 @@ async def test_queue_deleted_under_a_running_source_fails_it_naming_the_queue(
         await asyncio.wait_for(source.wait(), 30)
     message = str(failed.value)
     assert f"queue {gone!r}" in message
-    assert "cancelled the consumer" in message
+    assert "consumer cancelled by RabbitMQ" in message
     assert "STREAMAPP_BROKER=rabbitmq streamapp topics create -A MODULE:app" in message
     assert not failed.value.retriable
     port = source.ports[(h.topic, 1)]
@@ -403,3 +405,31 @@ async def test_queue_deleted_under_a_running_source_fails_it_naming_the_queue(
     await h.send(ev(key_on(0, 2), "after"))  # the other partition was not touched
     await until(lambda: h.calls["after"] == 1, "partition 0 going on")
     assert partition_for(key_on(0, 2).encode(), 2) == 0
+
+
+async def test_queue_deleted_while_disconnected_fails_the_source_others_go_on(
+    services: Services, tmp_path: Path
+) -> None:
+    parts = urlsplit(services.amqp)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5672)
+    port = await proxy.start()
+    h = RabbitHarness(f"amqp://guest:guest@127.0.0.1:{port}/", tmp_path)
+    try:
+        await h.start(log_app(h, partitions=2))
+        for p in range(2):
+            await h.send(ev(key_on(p, 2), f"e{p}"))
+        assert await h.settle()
+        gone = queue_name(h.topic, 1)
+        proxy.cut()
+        await _delete_queue(services.amqp, gone)  # no basic.cancel reaches the worker
+        with pytest.raises(SourceError) as failed:
+            await asyncio.wait_for(source_of(h).wait(), 60)
+        assert f"queue {gone!r} no longer exists after a reconnect" in str(failed.value)
+        assert "streamapp topics create" in str(failed.value)
+        # the connection came back for partition 0 (one missing queue does not hold it)
+        await h.send(ev(key_on(0, 2), "after"))
+        await until(lambda: h.calls["after"] == 1, "partition 0 going on", within_s=60)
+        assert await on_broker(services.amqp, queue_name(h.topic, 0)) == (0, 1)
+    finally:
+        await h.stop()
+        await proxy.stop()
