@@ -182,6 +182,8 @@ class PartitionTask:
             except Exception as exc:
                 log.error("%s: opening failed (%r); retrying in %.1fs", self.name, exc, pace.delay)
                 await self._release()
+                if self._closing.is_set():
+                    return
                 self.phase = Phase.RESTORING
                 await pace.wait()
 
@@ -280,6 +282,8 @@ class PartitionTask:
             if from_history and self.history is not None:
                 position = await self.history.live_start(self)
             start = await self.port.begin(position, stateful=True, earliest=from_history)
+        if self._closing.is_set():  # closed while the source began: stay closed
+            return
         self.next_position = self.start_position = start
         self._reseek = False
         self._check_gap = self._tracks
@@ -315,19 +319,26 @@ class PartitionTask:
         assert tables is not None
         before = self.outcomes.get(Outcome.DELIVERED, 0)
         self.phase = Phase.CATCHING_UP
-        await self.history.catch_up(self)
-        if self.phase is not Phase.CATCHING_UP:
+        replay = asyncio.ensure_future(self.history.catch_up(self))
+        closing = asyncio.ensure_future(self._closing.wait())
+        await asyncio.wait({replay, closing}, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in (replay, closing):  # a close ends the wait (the feed drops it)
+            if not waiting.done():
+                waiting.cancel()
+        await asyncio.gather(replay, closing, return_exceptions=True)
+        if self.phase is not Phase.CATCHING_UP or self._closing.is_set():
             return
         await self._commit(tables.checkpoint.advanced(history=self.history_position()), None)
         self.phase = Phase.LIVE
         applied = self.outcomes.get(Outcome.DELIVERED, 0) - before
         if applied:
-            log.warning(
-                "%s: %d stored event(s) below the first live one (store position %d) were "
-                "consumed elsewhere (members that disagreed?): applied from the store",
+            log.info(
+                "%s: the first live event is at store position %d, beyond this partition's "
+                "own: replayed the store up to its head first (%d applied; some may have "
+                "been taken from the queue by another consumer)",
                 self.name,
-                applied,
                 first,
+                applied,
             )
 
     def dropped(self) -> None:

@@ -322,9 +322,9 @@ class RabbitMembership:
         seen = self._contests_seen
         for name, member in self.others.items():
             taken |= member.held
-            for (t, p), n in member.contested.items():
-                if n > seen.get((name, t, p), 0):
-                    seen[(name, t, p)] = n
+            for (t, p), count in member.contested.items():
+                if count > seen.get((name, t, p), 0):
+                    seen[(name, t, p)] = count
                     if (t, p) in self.held:
                         reopen.add((t, p))
         conflicts = sorted(self.held & taken)
@@ -347,8 +347,8 @@ class RabbitMembership:
                     self.id,
                     _names(conflicts),
                 )
+            await self._revoked(sorted(release))  # held (and announced) until let go
             self.held -= release
-            await self._revoked(sorted(release))
             changed = True
         take = self.wanted - self.held - taken
         if take:

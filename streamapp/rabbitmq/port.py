@@ -26,6 +26,7 @@ accepts them (``pause``/``resume``); the prefetch bounds how many the broker sen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -46,6 +47,9 @@ from ..errors import ConfigError, SourceError
 from .wire import from_message
 
 log = logging.getLogger("streamapp.partition")
+
+CLOSE_TIMEOUT_S = 5.0
+"""How long closing a partition's channel may take before the port goes on."""
 
 AWAIT_LIMIT_S = 30.0
 """After a requeue, how long later arrivals wait for the first requeued message."""
@@ -109,6 +113,8 @@ class RabbitPartitionPort:
         self.acked = 0
         """Deliveries acked (the ack frame written on a live channel)."""
         self.cancelled: SourceError | None = None
+        self._closed = False
+        """Closed by its task: a re-opened channel does not consume again."""
         """Set when the broker cancelled the consumer (the partition stopped)."""
 
     # PartitionPort -----------------------------------------------------------------
@@ -210,7 +216,7 @@ class RabbitPartitionPort:
     async def _reopened(self, channel: AbstractRobustChannel | None) -> None:
         """The robust connection re-opened ``channel`` after a loss: consume again once
         the channel is restored (this callback runs inside the restore)."""
-        if channel is None or self.cancelled is not None:
+        if channel is None or self.cancelled is not None or self._closed:
             return
         await self._watch(channel)
         self._spawn(self._consume_again(channel))
@@ -231,10 +237,16 @@ class RabbitPartitionPort:
         except Exception as exc:  # lost again: the next re-open tries again
             log.warning("%s: consuming %s again failed: %r", self.name, self.queue, exc)
             return
+        if self.closed():  # closed meanwhile: no consumer for a port nobody reads
+            return
         try:
             await self._consume(channel)
         except Exception as exc:
             log.warning("%s: consuming %s again failed: %r", self.name, self.queue, exc)
+            return
+        if self.closed():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), CLOSE_TIMEOUT_S)
             return
         log.info("%s: consuming queue %s again after a reconnect", self.name, self.queue)
 
@@ -344,8 +356,13 @@ class RabbitPartitionPort:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def closed(self) -> bool:
+        """True once its task closed it."""
+        return self._closed
+
     async def close(self) -> None:
         """Stop consuming; the broker requeues what was not acked."""
+        self._closed = True
         self._paused = True
         if self._requeue_timer is not None:
             self._requeue_timer.cancel()
@@ -357,8 +374,15 @@ class RabbitPartitionPort:
     async def _close_channel(self) -> None:
         channel, self._channel = self._channel, None
         if channel is not None and not channel.is_closed:
-            try:
-                await channel.close()
+            try:  # bounded: a robust channel closed while it reopens can wait forever
+                await asyncio.wait_for(channel.close(), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "%s: the channel did not close within %.0fs; going on (the broker "
+                    "requeues its unacked deliveries when the connection goes)",
+                    self.name,
+                    CLOSE_TIMEOUT_S,
+                )
             except Exception as exc:
                 log.debug("%s: closing the channel: %r", self.name, exc)
 
