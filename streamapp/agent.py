@@ -83,6 +83,9 @@ class Handled:
 
 
 DELIVERED = Handled(Outcome.DELIVERED)
+UNVERSIONED = Handled(Outcome.DELIVERED, "no streamversion: applied at least once")
+"""Applied to tables without ``streamversion``: no duplicate check was possible
+(at-least-once; a redelivery of it applies it again)."""
 _DUPLICATE = Handled(Outcome.FILTERED, "already applied")
 _FILTERED = Handled(Outcome.FILTERED, "filter")
 
@@ -137,7 +140,7 @@ async def handle(
         tables.commit_event()
     if outbox is not None:
         outbox.commit_event()
-    return DELIVERED
+    return UNVERSIONED if tables is not None and version is None else DELIVERED
 
 
 def _rollback(tables: PartitionTables | None, outbox: Outbox | None) -> None:

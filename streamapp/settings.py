@@ -74,6 +74,10 @@ class Settings:
     """RabbitMQ: pin the partitions this worker consumes, e.g. ``0,1,5`` (every source
     topic), outside the group; empty (default): the workers of the app share the
     partitions through the membership protocol."""
+    amqp_reconnect: bool = True
+    """RabbitMQ: after a lost connection, reconnect and resume (deliveries in flight come
+    again); off: the worker stops with an error naming the broker (a supervisor restarts
+    it)."""
     amqp_heartbeat_ms: int = 500
     """RabbitMQ group: how often a worker says it is alive and what it holds."""
     amqp_session_timeout_ms: int = 3000

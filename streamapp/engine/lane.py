@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agent import DELIVERED, Agent, Handled, handle
+from ..agent import DELIVERED, UNVERSIONED, Agent, Handled, handle
 from ..logs import Gate
 from ..outcomes import FailurePolicy, Outcome, Park, Redeliver
 from ..outputs import Encoder, Outbox, Send
@@ -78,6 +78,8 @@ class Lane:
         self.tracks = False
         """Live deliveries advance the checkpoint's store position (RabbitMQ)."""
         self.outcomes: dict[Outcome, int] = {}
+        self.unversioned = 0
+        """Events applied to its tables without ``streamversion`` (at least once)."""
 
     @property
     def name(self) -> str:
@@ -140,7 +142,8 @@ async def run_lanes(
     now = time.monotonic()
     deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
     counts: list[dict[Outcome, int]] = [{} for _ in lanes]
-    delivered = [0] * len(lanes)  # the common case, counted without hashing an enum
+    delivered = [0] * len(lanes)  # the common cases, counted without hashing an enum
+    unversioned = [0] * len(lanes)
     spent = [0.0] * len(lanes)
     for i, record in enumerate(records):
         if i:
@@ -163,8 +166,9 @@ async def run_lanes(
                 lane.agent, item, lane.tables, lane.views, lane.outbox, lane.send
             )
             spent[k] += time.perf_counter() - started
-            if handled is DELIVERED:
+            if handled is DELIVERED or handled is UNVERSIONED:
                 delivered[k] += 1
+                unversioned[k] += handled is UNVERSIONED
                 reached[k] = position + 1
             elif await _settled(lane, record, handled, counts[k]):
                 reached[k] = position + 1
@@ -184,6 +188,9 @@ async def run_lanes(
         size = sum(got.values())
         if size:
             metrics.batch(lane.name, size, spent[k], got)
+        if unversioned[k]:
+            lane.unversioned += unversioned[k]
+            metrics.unversioned(lane.name, unversioned[k])
     return run
 
 

@@ -36,6 +36,9 @@ class TaskMetrics(Protocol):
     def replayed(self, agent: str, records: int) -> None:
         """Event-store events replayed into a partition's tables (catch-up)."""
 
+    def unversioned(self, agent: str, records: int) -> None:
+        """Events applied without ``streamversion`` (no duplicate check: at-least-once)."""
+
 
 class _NoMetrics:
     def batch(
@@ -56,6 +59,9 @@ class _NoMetrics:
         pass
 
     def replayed(self, agent: str, records: int) -> None:
+        pass
+
+    def unversioned(self, agent: str, records: int) -> None:
         pass
 
 

@@ -157,6 +157,9 @@ class PartitionTask:
         self.processed = 0
         self.restored = 0
         self.replayed = 0
+        self._check_gap = False
+        """Before the next live batch, replay what the store holds below its first store
+        position (see :meth:`recheck`)."""
         self.follows_store = False
         """True when the event store is this task's live source (STREAMAPP_BROKER=none)."""
         self._replaying: list[Lane] = []
@@ -190,6 +193,11 @@ class PartitionTask:
             for outcome, n in lane.outcomes.items():
                 out[outcome] = out.get(outcome, 0) + n
         return out
+
+    @property
+    def unversioned(self) -> int:
+        """Events applied to tables without ``streamversion`` (at least once), all agents."""
+        return sum(lane.unversioned for lane in self.lanes)
 
     def tables_for(self, table: str) -> PartitionTables | None:
         """The tables (of this partition) of the agent that owns ``table``, once open."""
@@ -237,6 +245,8 @@ class PartitionTask:
             except Exception as exc:
                 log.error("%s: opening failed (%r); retrying in %.1fs", self.name, exc, pace.delay)
                 await self._release()
+                if self._closing.is_set():
+                    return
                 self.phase = Phase.RESTORING
                 await pace.wait()
 
@@ -378,11 +388,14 @@ class PartitionTask:
             start = low
         else:
             start = await self.port.begin(min(known.values()), stateful=True)
+        if self._closing.is_set():  # closed while the source began: stay closed
+            return
         self._replaying = list(self.lanes) if self.follows_store else []
         for lane in self.lanes:
             lane.next = lane.committed = known[lane]
         self.next_position = self.start_position = start
         self._reseek = False
+        self._check_gap = any(lane.tracks for lane in self.lanes)
         if durable:  # the group may be behind the tables (a replay, an older streamapp)
             await self.port.settle(start, self._committer.ahead(start))
         self.phase = Phase.LIVE
@@ -435,6 +448,47 @@ class PartitionTask:
         self._batch = asyncio.create_task(self.process(deliveries), name=f"batch {self.name}")
         self._batch.add_done_callback(self._batch_done)
 
+    def recheck(self) -> None:
+        """The source may have changed hands under this task (a queue with single active
+        consumer, after an open or a reconnect): before the next live batch, events of
+        this partition stored below that batch's first store position, which another
+        consumer may have taken and acked, are replayed from the store."""
+        self._check_gap = any(lane.tracks for lane in self.lanes)
+
+    async def _close_gap(self, deliveries: Sequence[Delivery]) -> None:
+        lanes = [lane for lane in self.lanes if lane.tracks and lane.tables is not None]
+        first = _store_position(deliveries[:1])
+        if not lanes or first is None or self.history is None:
+            return
+        if first <= min(lane.history_position() for lane in lanes):
+            return
+        before = self.outcomes.get(Outcome.DELIVERED, 0)
+        self._replaying = lanes
+        self.phase = Phase.CATCHING_UP
+        replay = asyncio.ensure_future(self.history.catch_up(self))
+        closing = asyncio.ensure_future(self._closing.wait())
+        await asyncio.wait({replay, closing}, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in (replay, closing):  # a close ends the wait (the feed drops it)
+            if not waiting.done():
+                waiting.cancel()
+        await asyncio.gather(replay, closing, return_exceptions=True)
+        if self.phase is not Phase.CATCHING_UP or self._closing.is_set():
+            return
+        done = {lane: lane.history_position() for lane in lanes}
+        await self._commit(None, _history_at(done))
+        self._replaying = []
+        self.phase = Phase.LIVE
+        applied = self.outcomes.get(Outcome.DELIVERED, 0) - before
+        if applied:
+            log.info(
+                "%s: the first live event is at store position %d, beyond this partition's "
+                "own: replayed the store up to its head first (%d applied; some may have "
+                "been taken from the queue by another consumer)",
+                self.name,
+                first,
+                applied,
+            )
+
     def dropped(self) -> None:
         """Deliveries arrived while not accepting: rewind before resuming."""
         self._reseek = True
@@ -449,6 +503,9 @@ class PartitionTask:
         config = self.config
         wait_s = 0.0
         try:
+            if self._check_gap:
+                self._check_gap = False
+                await self._close_gap(deliveries)
             size = config.max_batch_records
             for i in range(0, len(deliveries), size):
                 if self.phase is not Phase.LIVE:  # closed: the next owner starts at our checkpoint
@@ -683,6 +740,7 @@ class PartitionTask:
             "processed": self.processed,
             "restored": self.restored,
             "replayed": self.replayed,
+            "unversioned": self.unversioned,
             "outcomes": _named(self.outcomes),
             "store_position": None if cp is None else cp.history,
             "caught_up": None if cp is None else cp.caught_up,

@@ -17,7 +17,7 @@ Decoding raises :class:`DecodeError` with a reason; it never raises anything els
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -38,15 +38,23 @@ def decode(value: bytes | None, headers: Headers) -> Event:
     """The CloudEvent in one AMQP message, or :class:`DecodeError` saying why not."""
     content_type: str | None = None
     attrs: dict[str, str] = {}
-    for name, raw in headers:
-        lname = name.lower()
-        if lname == CONTENT_TYPE:
-            content_type = _text(name, raw)
-        elif lname[:12] in PREFIXES:
-            attr = lname[12:]
+    try:
+        for name, raw in headers:
+            if name[:12] == PREFIX:  # what the binding writes: the fast path
+                attr = name[12:].lower()
+            else:
+                lname = name.lower()
+                if lname == CONTENT_TYPE:
+                    content_type = raw.decode()
+                    continue
+                if lname[:12] not in PREFIXES:
+                    continue
+                attr = lname[12:]
             if not attr:
                 raise DecodeError(f"header {name!r} names no attribute")
-            attrs[attr] = _text(name, raw)
+            attrs[attr] = raw.decode()
+    except (UnicodeDecodeError, AttributeError):
+        _bad_header(headers)
     if content_type is not None and content_type.lower().startswith(STRUCTURED):
         return _structured(content_type, value)
     if not attrs:
@@ -90,6 +98,15 @@ def _structured(content_type: str, value: bytes | None) -> Event:
     if not value:
         raise DecodeError("structured CloudEvent with an empty body")
     return structured.from_json(value)
+
+
+def _bad_header(headers: Headers) -> NoReturn:
+    """Raise the DecodeError that names the header the fast path could not read."""
+    for name, raw in headers:
+        lname = name.lower()
+        if lname == CONTENT_TYPE or lname[:12] in PREFIXES:
+            _text(name, raw)
+    raise DecodeError("a header could not be read")  # pragma: no cover (found above)
 
 
 def _text(name: str, raw: bytes | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 from urllib.parse import urlsplit
 
 import aio_pika
@@ -24,12 +25,18 @@ def safe_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
-async def connect(settings: Settings, what: str = "RabbitMQ") -> AbstractRobustConnection:
+async def connect(
+    settings: Settings, what: str = "RabbitMQ", *, robust: bool = True
+) -> AbstractRobustConnection:
     """A robust connection to setting ``amqp_url``; after a loss it reconnects on its own
-    (channels and consumers are restored; unacked deliveries come again, redelivered)."""
+    (channels and consumers are restored; unacked deliveries come again, redelivered).
+    With ``robust=False`` a plain connection (typed alike): a loss closes it for good."""
     delays = settings.startup_retry.delays()
     for attempt in range(len(delays) + 1):
         try:
+            if not robust:
+                plain = await aio_pika.connect(settings.amqp_url, timeout=10)
+                return cast(AbstractRobustConnection, plain)
             return await aio_pika.connect_robust(settings.amqp_url, timeout=10)
         except (AMQPConnectionError, OSError, TimeoutError) as exc:
             if attempt == len(delays):

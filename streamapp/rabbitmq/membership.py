@@ -26,7 +26,10 @@ The protocol (:class:`RabbitMembership`):
   *contest* of that partition in its heartbeats: a member that holds a partition someone
   else contested since it last looked re-opens it (it may have been the idle one, its
   state behind), once the other has let go. Every open replays the store first, so the
-  owner by the assignment ends with what the other applied meanwhile.
+  owner by the assignment ends with what the other applied meanwhile. When contests are
+  lost too (a member nobody hears), the partition task's first live batch closes the gap:
+  events stored below its first store position, taken by another consumer, are replayed
+  (:meth:`~streamapp.engine.task.PartitionTask.recheck`).
 - **Joining** waits ``2 x amqp_heartbeat_ms`` to hear the members before taking anything.
 
 :class:`StaticMembership` pins the partitions of setting ``amqp_partitions`` instead
@@ -319,9 +322,9 @@ class RabbitMembership:
         seen = self._contests_seen
         for name, member in self.others.items():
             taken |= member.held
-            for (t, p), n in member.contested.items():
-                if n > seen.get((name, t, p), 0):
-                    seen[(name, t, p)] = n
+            for (t, p), count in member.contested.items():
+                if count > seen.get((name, t, p), 0):
+                    seen[(name, t, p)] = count
                     if (t, p) in self.held:
                         reopen.add((t, p))
         conflicts = sorted(self.held & taken)
@@ -344,8 +347,8 @@ class RabbitMembership:
                     self.id,
                     _names(conflicts),
                 )
+            await self._revoked(sorted(release))  # held (and announced) until let go
             self.held -= release
-            await self._revoked(sorted(release))
             changed = True
         take = self.wanted - self.held - taken
         if take:

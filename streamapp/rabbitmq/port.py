@@ -15,11 +15,18 @@ accepts them (``pause``/``resume``); the prefetch bounds how many the broker sen
   one are dropped here, the broker redelivers them (``redelivered=True``) and they get
   new positions; a settle of an old delivery is skipped (its tag died with the channel),
   and the stream-version guard applies each event once.
+- The port consumes again itself after a reconnect (the queue is not left to the robust
+  client, whose recovery would fail the whole connection over one missing queue).
+- A consumer the broker cancels (``basic.cancel``: the queue was deleted, or it moved)
+  is gone for good, and so is a queue missing after a reconnect. The port closes its
+  channel (what it held goes back to the queue, if the queue still exists) and fails
+  the source with an error naming the queue and the command that re-creates it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -27,7 +34,13 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NamedTuple
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractRobustChannel,
+    AbstractRobustConnection,
+)
+from aiormq.exceptions import ChannelNotFoundEntity
 
 from ..engine.delivery import Message
 from ..engine.port import NO_LANES, Committed
@@ -35,6 +48,9 @@ from ..errors import ConfigError, SourceError
 from .wire import from_message
 
 log = logging.getLogger("streamapp.partition")
+
+CLOSE_TIMEOUT_S = 5.0
+"""How long closing a partition's channel may take before the port goes on."""
 
 AWAIT_LIMIT_S = 30.0
 """After a requeue, how long later arrivals wait for the first requeued message."""
@@ -62,7 +78,8 @@ class RabbitPartitionPort:
         prefetch: int,
         requeue_interval_s: float,
         feed: Callable[[list[Message]], bool],
-        refused: Callable[[BaseException], None],
+        fail: Callable[[BaseException], None],
+        app_ref: str = "MODULE:app",
     ) -> None:
         self.topic, self.partition, self.queue = topic, partition, queue
         self.name = f"{topic}[{partition}]"
@@ -70,8 +87,14 @@ class RabbitPartitionPort:
         self._connection = connection
         self._feed = feed
         """Hands deliveries to the task; False when it does not accept them now."""
-        self._refused = refused
+        self._fail = fail
+        """Fails the source: this partition cannot run here (the worker stops)."""
+        self.app_ref = app_ref
+        self.on_renewed: Callable[[], None] | None = None
+        """Called when a re-opened channel consumes again (another consumer may have
+        been active on the queue meanwhile)."""
         self._channel: AbstractChannel | None = None
+        self._consumer_tag: str | None = None
         self._entries: deque[_Entry] = deque()
         """Received, not settled, in position order."""
         self._next = 0
@@ -92,12 +115,18 @@ class RabbitPartitionPort:
         """Deliveries that came with the broker's redelivered flag."""
         self.acked = 0
         """Deliveries acked (the ack frame written on a live channel)."""
+        self.cancelled: SourceError | None = None
+        self._closed = False
+        """Closed by its task: a re-opened channel does not consume again."""
+        """Set when the broker cancelled the consumer (the partition stopped)."""
 
     # PartitionPort -----------------------------------------------------------------
     def pause(self) -> None:
         self._paused = True
 
     def resume(self) -> None:
+        if self.cancelled is not None:
+            return  # stopped for good: nothing more is handed
         self._paused = False
         if self._held:
             wait = self._last_requeue + self.requeue_interval_s - time.monotonic()
@@ -153,14 +182,16 @@ class RabbitPartitionPort:
                 "history=FromEventStore() on the agent (the partition is then rebuilt by "
                 "replaying the event store), or bring its data directory back."
             )
-            self._refused(error)  # loud: the worker stops
+            self._fail(error)  # loud: the worker stops
             raise error
         self._next = self._handed = position or 0
         try:
             channel = await self._connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
-            queue = await channel.declare_queue(self.queue, passive=True)
-            await queue.consume(self._on_message, no_ack=False)
+            await self._watch(channel)
+            if isinstance(channel, AbstractRobustChannel):  # a reconnect: a new client channel
+                channel.reopen_callbacks.add(self._reopened)
+            await self._consume(channel)
         except Exception as exc:
             raise SourceError(f"{self.name}: cannot consume queue {self.queue!r}: {exc!r}") from exc
         self._channel = channel
@@ -168,6 +199,93 @@ class RabbitPartitionPort:
         return self._next
 
     # the consumer --------------------------------------------------------------------
+    async def _consume(self, channel: AbstractChannel) -> None:
+        """Consume the partition queue on ``channel``. On a robust channel, not robustly
+        (the client would re-declare the queue on a reconnect, and one missing queue would
+        fail the whole connection's recovery): :meth:`_reopened` consumes again itself."""
+        if isinstance(channel, AbstractRobustChannel):
+            robust = await channel.declare_queue(self.queue, passive=True, robust=False)
+            self._consumer_tag = await robust.consume(
+                self._on_message, no_ack=False, consumer_tag=self._consumer_tag, robust=False
+            )
+            return
+        queue = await channel.declare_queue(self.queue, passive=True)
+        self._consumer_tag = await queue.consume(
+            self._on_message, no_ack=False, consumer_tag=self._consumer_tag
+        )
+
+    async def _watch(self, channel: AbstractChannel | None) -> None:
+        """Hear the broker's ``basic.cancel`` on the client channel under ``channel``."""
+        if channel is None:
+            return
+        underlay = await channel.get_underlay_channel()
+        underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+
+    async def _reopened(self, channel: AbstractRobustChannel | None) -> None:
+        """The robust connection re-opened ``channel`` after a loss: consume again once
+        the channel is restored (this callback runs inside the restore)."""
+        if channel is None or self.cancelled is not None or self._closed:
+            return
+        await self._watch(channel)
+        self._spawn(self._consume_again(channel))
+
+    async def _consume_again(self, channel: AbstractRobustChannel) -> None:
+        try:
+            await channel.ready()
+            underlay = await channel.get_underlay_channel()
+            probe = await underlay.connection.channel(publisher_confirms=False)
+            try:  # on a channel of its own: a 404 closes the channel it is asked on
+                await probe.queue_declare(self.queue, passive=True)
+            finally:
+                if not probe.is_closed:
+                    await probe.close()
+        except ChannelNotFoundEntity:
+            self._gone("no longer exists after a reconnect (deleted while the connection was down)")
+            return
+        except Exception as exc:  # lost again: the next re-open tries again
+            log.warning("%s: consuming %s again failed: %r", self.name, self.queue, exc)
+            return
+        if self.closed():  # closed meanwhile: no consumer for a port nobody reads
+            return
+        try:
+            await self._consume(channel)
+        except Exception as exc:
+            log.warning("%s: consuming %s again failed: %r", self.name, self.queue, exc)
+            return
+        if self.closed():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), CLOSE_TIMEOUT_S)
+            return
+        log.info("%s: consuming queue %s again after a reconnect", self.name, self.queue)
+
+    def _on_cancel(self, frame: Any) -> None:
+        """The broker cancelled a consumer of this channel (it never comes back)."""
+        tag = getattr(frame, "consumer_tag", None)
+        ours = self._consumer_tag
+        if ours is not None and tag != ours:
+            return
+        self._gone(
+            "had its consumer cancelled by RabbitMQ (basic.cancel: the queue was deleted, "
+            "or it moved to another node)"
+        )
+
+    def _gone(self, why: str) -> None:
+        """The partition queue cannot be consumed any more: stop here, fail the source."""
+        if self.cancelled is not None:
+            return
+        self.cancelled = SourceError(
+            f"{self.name}: queue {self.queue!r} {why}, so this partition would sit idle; "
+            "the worker stops. Messages of a deleted queue are gone with it: re-create the "
+            f"topology with `STREAMAPP_BROKER=rabbitmq streamapp topics create -A "
+            f"{self.app_ref}`, republish what is missing (e.g. `streamapp forward` from "
+            "the event store), then start the worker again.",
+            retriable=False,
+        )
+        log.error("%s", self.cancelled)
+        self._paused = True
+        self._spawn(self._close_channel())  # not inline: we may run in its reader task
+        self._fail(self.cancelled)
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         """Called in delivery order (one task each, started in order): no await here."""
         life = _life_of(message)
@@ -203,6 +321,8 @@ class RabbitPartitionPort:
                 len(self._entries) + len(self._held),
             )
         self._life = channel
+        if self.on_renewed is not None:
+            self.on_renewed()
         self._entries.clear()  # their tags died with the old channel
         self._held.clear()
         self._awaiting = None
@@ -244,20 +364,35 @@ class RabbitPartitionPort:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def closed(self) -> bool:
+        """True once its task closed it."""
+        return self._closed
+
     async def close(self) -> None:
         """Stop consuming; the broker requeues what was not acked."""
+        self._closed = True
         self._paused = True
         if self._requeue_timer is not None:
             self._requeue_timer.cancel()
-        channel, self._channel = self._channel, None
-        if channel is not None and not channel.is_closed:
-            try:
-                await channel.close()
-            except Exception as exc:
-                log.debug("%s: closing the channel: %r", self.name, exc)
+        await self._close_channel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _close_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None and not channel.is_closed:
+            try:  # bounded: a robust channel closed while it reopens can wait forever
+                await asyncio.wait_for(channel.close(), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "%s: the channel did not close within %.0fs; going on (the broker "
+                    "requeues its unacked deliveries when the connection goes)",
+                    self.name,
+                    CLOSE_TIMEOUT_S,
+                )
+            except Exception as exc:
+                log.debug("%s: closing the channel: %r", self.name, exc)
 
 
 async def _nack(message: AbstractIncomingMessage, name: str, *, multiple: bool) -> None:

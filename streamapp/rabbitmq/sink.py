@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from typing import cast
 
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from ..errors import PublishError
 from ..partitioner import partition_for
 from ..settings import Settings
 from ..sink import Message, Receipt
 from .connection import connect
-from .wire import to_message
+from .wire import to_properties
 
 
 class RabbitSink:
@@ -35,7 +37,6 @@ class RabbitSink:
         self.timeout_s = settings.publish_timeout_s if timeout_s is None else timeout_s
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
-        self._exchanges: dict[str, AbstractExchange] = {}
 
     async def start(self) -> None:
         self._connection = await connect(self.settings, "RabbitMQ sink")
@@ -43,7 +44,6 @@ class RabbitSink:
 
     async def _open_channel(self) -> None:
         assert self._connection is not None
-        self._exchanges.clear()
         self._channel = await self._connection.channel(
             publisher_confirms=True, on_return_raises=True
         )
@@ -58,7 +58,6 @@ class RabbitSink:
 
     async def stop(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
-        self._exchanges.clear()
         if connection is not None:
             await connection.close()
 
@@ -141,25 +140,28 @@ class RabbitSink:
     ) -> int:
         routing = self._route(topic, key, partition)
         try:
-            exchange = self._exchanges.get(topic) or await self._exchange(topic)
-            await exchange.publish(
-                to_message(value, key, headers),
-                str(routing),
+            if self._channel is None:
+                raise PublishError(
+                    f"publish to exchange {topic!r}: the RabbitMQ sink is not started"
+                )
+            channel = cast(aiormq.Channel, await self._channel.get_underlay_channel())
+            # The client channel itself, with wait=False: aio-pika's publish holds the
+            # channel's lock until the frame is written, one message per write, which
+            # serialises a pipelined batch. The confirm is still awaited.
+            await channel.basic_publish(
+                value or b"",
+                exchange=topic,
+                routing_key=str(routing),
+                properties=to_properties(key, headers),
                 mandatory=True,
                 timeout=timeout_s or self.timeout_s,
+                wait=False,
             )
         except (PublishError, asyncio.CancelledError):
             raise
         except Exception as exc:
             raise self._error(topic, routing, exc) from exc
         return routing
-
-    async def _exchange(self, topic: str) -> AbstractExchange:
-        if self._channel is None:
-            raise PublishError(f"publish to exchange {topic!r}: the RabbitMQ sink is not started")
-        exchange = await self._channel.get_exchange(topic, ensure=False)
-        self._exchanges[topic] = exchange
-        return exchange
 
     def _route(self, topic: str, key: bytes | None, partition: int | None) -> int:
         if partition is not None:

@@ -32,11 +32,12 @@ from ..engine.assignment import Assignment
 from ..engine.delivery import Delivery, Message
 from ..engine.parking import parker
 from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
+from ..errors import SourceError
 from ..events import Event
 from ..settings import Settings
 from ..tables.store import RocksStore, Store
 from . import codec
-from .connection import connect
+from .connection import connect, safe_url
 from .membership import Membership, Partitions, RabbitMembership, StaticMembership
 from .port import RabbitPartitionPort
 from .sink import RabbitSink
@@ -74,11 +75,15 @@ class RabbitSource:
         self._config = dataclasses.replace(TaskConfig.from_settings(settings), replay_on_open=True)
         self._connection: AbstractRobustConnection | None = None
         self._failed: asyncio.Future[None] | None = None
+        self._stopping = False
 
     async def start(self) -> None:
         """Connect, check the topology, take the owned partitions."""
         self._failed = asyncio.get_running_loop().create_future()
-        self._connection = await connect(self.settings, "RabbitMQ source")
+        robust = self.settings.amqp_reconnect
+        self._connection = await connect(self.settings, "RabbitMQ source", robust=robust)
+        if not robust:
+            self._connection.close_callbacks.add(self._connection_lost)
         await check_topology(self._connection, self.app, self.app_ref)
         if self.settings.owned_partitions() is not None:
             self.membership = StaticMembership(self.app, self.settings)
@@ -96,6 +101,18 @@ class RabbitSource:
         await self.membership.start(self._acquire, self._release)
         self._settled()
 
+    def _connection_lost(self, _: object, exc: BaseException | None = None) -> None:
+        if self._stopping:
+            return
+        self._fail(
+            SourceError(
+                f"the connection to RabbitMQ at {safe_url(self.settings.amqp_url)} was lost "
+                f"({exc!r}) and setting amqp_reconnect (STREAMAPP_AMQP_RECONNECT) is off: the "
+                "worker stops; unacked deliveries go back to their queues. Restart it, or "
+                "turn amqp_reconnect on to resume by itself."
+            )
+        )
+
     def _settled(self) -> None:
         membership = self.membership
         self.assignment.rebalancing = membership is None or not membership.settled
@@ -104,6 +121,7 @@ class RabbitSource:
         """Leave the group: batches in hand finish (they commit and ack), then channels
         close; what was not acked goes back to the queues."""
         self.assignment.rebalancing = True
+        self._stopping = True
         if self.membership is not None:
             await self.membership.stop()
         await self._release(list(self.assignment.tasks))
@@ -113,7 +131,8 @@ class RabbitSource:
             self._failed.set_result(None)
 
     async def wait(self) -> None:
-        """Until stopped; raises when a partition was refused (no state to start from)."""
+        """Until stopped; raises when a partition cannot run: refused (no state to start
+        from), or its consumer cancelled by the broker (its queue deleted)."""
         if self._failed is not None:
             await self._failed
 
@@ -156,7 +175,8 @@ class RabbitSource:
             prefetch=settings.amqp_prefetch,
             requeue_interval_s=settings.poll_timeout_ms / 1000,
             feed=feed,
-            refused=self._fail,
+            fail=self._fail,
+            app_ref=self.app_ref,
         )
         self.ports[(topic, p)] = port
         task = PartitionTask(
@@ -173,6 +193,7 @@ class RabbitSource:
             publish=self.sink.publish_many,
             locate=self.assignment.read_store,
         )
+        port.on_renewed = task.recheck
         return task
 
     async def _release(self, partitions: Partitions) -> None:

@@ -62,6 +62,13 @@ class WorkerMetrics:
             ["agent"],
             registry=r,
         )
+        self.unversioned_events = Counter(
+            "streamapp_unversioned_events",
+            "Events applied to tables without streamversion: no duplicate check, so a "
+            "redelivery applies them again (at-least-once).",
+            ["agent"],
+            registry=r,
+        )
         self.batch_size = Histogram(
             "streamapp_batch_size", "Deliveries per batch.", ["agent"], buckets=_SIZES, registry=r
         )
@@ -114,6 +121,9 @@ class WorkerMetrics:
 
     def replayed(self, agent: str, records: int) -> None:
         self.replayed_records.labels(agent).inc(records)
+
+    def unversioned(self, agent: str, records: int) -> None:
+        self.unversioned_events.labels(agent).inc(records)
 
 
 class _AssignmentCollector(Collector):

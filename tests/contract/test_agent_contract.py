@@ -53,10 +53,12 @@ def log_app(
     filter: Callable[[Event], bool] | None = None,
     on_failure: Park | Redeliver | None = None,
     fail: Fail | None = None,
+    **settings: Any,
 ) -> App:
     """One agent that logs, per stream, how many events it applied and their ids in
-    order; ``fail`` runs after that write (so a failure must roll it back)."""
-    app = h.new_app()
+    order; ``fail`` runs after that write (so a failure must roll it back). ``settings``
+    go to the app."""
+    app = h.new_app(**settings)
     topic = app.topic(h.name("in"), partitions=partitions)
     log: Table[dict[str, Any]] = Table("log")
 

@@ -25,6 +25,7 @@ from tests.conftest import Services
 
 from .harness import (
     ROOT,
+    Proxy,
     StreamappProc,
     WorkerProc,
     app_env,
@@ -327,48 +328,6 @@ async def test_tables_without_history_or_local_state_are_refused_loudly(
         await worker.stop()
 
 
-class Proxy:
-    """A TCP proxy in front of RabbitMQ whose connections a test can cut."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        port: int = self.server.sockets[0].getsockname()[1]
-        return port
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        self.pairs.append((writer, up_writer))
-
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            try:
-                while data := await r.read(65536):
-                    w.write(data)
-                    await w.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                w.transport.abort()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    def cut(self) -> None:
-        """Drop every connection at once, as a network failure would."""
-        for a, b in self.pairs:
-            a.transport.abort()
-            b.transport.abort()
-        self.pairs.clear()
-
-    async def stop(self) -> None:
-        self.cut()
-        if self.server is not None:
-            self.server.close()
-
-
 async def test_reconnect_redelivers_in_flight_deliveries_and_state_applies_once(
     amqp: str, tmp_path: Path
 ) -> None:
@@ -411,6 +370,38 @@ async def test_reconnect_redelivers_in_flight_deliveries_and_state_applies_once(
         assert {k: await h.table("log", k) for k in keys} == tables  # and applied once
         await h.stop()
         assert sum([await depth(amqp, f"{h.topic}.{p}") for p in range(2)]) == 0
+    finally:
+        await h.stop()
+        await proxy.stop()
+
+
+async def test_with_reconnect_off_a_lost_connection_stops_the_worker_loudly(
+    amqp: str, tmp_path: Path
+) -> None:
+    from urllib.parse import urlsplit
+
+    from streamapp.errors import SourceError
+    from tests.contract.rabbit_harness import RabbitHarness
+    from tests.contract.test_agent_contract import ev, log_app
+
+    parts = urlsplit(amqp)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5672)
+    port = await proxy.start()
+    h = RabbitHarness(f"amqp://guest:guest@127.0.0.1:{port}/", tmp_path)
+    try:
+        app = log_app(h, partitions=2)
+        app._overrides["amqp_reconnect"] = False
+        await h.start(app)
+        await h.send(ev("a", "a1", version=1))
+        assert await h.settle(30)
+        assert h.worker is not None
+        source = h.worker.source
+        assert source is not None
+        proxy.cut()
+        with pytest.raises(
+            SourceError, match=r"amqp_reconnect \(STREAMAPP_AMQP_RECONNECT\) is off"
+        ):
+            await asyncio.wait_for(source.wait(), 30)
     finally:
         await h.stop()
         await proxy.stop()

@@ -9,10 +9,12 @@ is made by silencing one in-process member's heartbeats.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from .harness import (
     assert_exact,
     order_events,
     read_table,
+    wait_group_ready,
     wait_ready,
 )
 from .test_rabbitmq import depth, rabbit_env, topics_create
@@ -173,108 +176,165 @@ def expected_counts(evs: list[Event]) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def test_a_partition_that_comes_back_replays_what_another_member_applied(
-    amqp: str, tmp_path: Path
-) -> None:
-    """A applies alone; B joins and applies half the keys; B leaves; A's state for B's
-    partitions is stale unless its open replays the store: every key must be exact."""
-    ns = f"gb{uuid.uuid4().hex[:6]}-"
-    calls: Calls = []
-    a = Member(ns, amqp, tmp_path, "a", calls)
-    await create_topology(a.app, a.app.settings())
-    store = a.app.settings().event_store
-    fwd = await run_forwarder(a.app)
-    b = Member(ns, amqp, tmp_path, "b", calls)
-    try:
-        await a.start()
-        await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
-        first, second, third = events(400, 40), events(400, 40, 400), events(400, 40, 800)
-        await append_to_store(store, first)
-        await until(lambda: len(calls) >= 400, 30, "a applied the first events")
-        await b.start()  # 1 -> 2: half the partitions move to b
-        await until(
-            lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
-            20,
-            "the partitions are shared",
-        )
-        await append_to_store(store, second)
-        await until(
-            lambda: all(
-                (a.value(k) or b.value(k) or {}).get("n") == 20 for k in expected_counts(first)
-            ),
-            30,
-            "the second events applied",
-        )
-        by_b = {eid for who, eid in calls if who == "b"}
-        assert {e.id for e in second} & by_b  # b applied some live events itself
-        await b.stop()  # 2 -> 1: b's partitions come back to a, which had old state
-        await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all again")
-        await append_to_store(store, third)
-        expected = expected_counts(first + second + third)
-        await until(lambda: all(a.value(k) == v for k, v in expected.items()), 30, "a exact")
-    finally:
-        fwd.cancel()
-        await asyncio.gather(fwd, return_exceptions=True)
-        for m in (b, a):
-            if m.worker.source is not None:
-                await m.stop()
+@dataclass
+class Group:
+    """Two in-process members a and b of one app (b not started), its store and the
+    store's forwarder; ``calls`` records who applied which event."""
+
+    a: Member
+    b: Member
+    calls: Calls
+    store: str
 
 
-async def test_members_that_disagree_apply_each_event_once(amqp: str, tmp_path: Path) -> None:
-    """A hears nobody and says nothing (a partitioned member): B takes every partition
-    too. Single active consumer delivers each queue to A only, so each live event is
-    applied by one member; once A is heard again the members agree and stay exact."""
-    ns = f"gd{uuid.uuid4().hex[:6]}-"
+@pytest.fixture
+async def group(amqp: str, tmp_path: Path) -> AsyncIterator[Group]:
+    ns = f"g{uuid.uuid4().hex[:6]}-"
     calls: Calls = []
     a, b = Member(ns, amqp, tmp_path, "a", calls), Member(ns, amqp, tmp_path, "b", calls)
     await create_topology(a.app, a.app.settings())
-    store = a.app.settings().event_store
     fwd = await run_forwarder(a.app)
     try:
-        await a.start()
-        await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
-        group = a.group
-        heard, send = group._heard, group._send
-
-        async def mute(*, leaving: bool = False) -> None:
-            return None
-
-        group._heard = lambda *args: None  # type: ignore[method-assign]
-        group._send = mute  # type: ignore[method-assign]
-        await b.start()
-        await until(lambda: b.owned() == set(range(PARTITIONS)), 20, "b takes all too")
-        assert a.owned() == set(range(PARTITIONS))  # both hold every partition
-        window = events(600, 30)
-        calls.clear()
-        await append_to_store(store, window)
-        await until(lambda: len({eid for _, eid in calls}) >= 600, 30, "the window applied")
-        await asyncio.sleep(1.0)  # anything doubly applied would show by now
-        appliers: dict[str, set[str]] = {}
-        for who, eid in calls:
-            appliers.setdefault(eid, set()).add(who)
-        assert all(who == {"a"} for who in appliers.values()), appliers  # SAC: a only
-        assert len(calls) == 600  # and once each
-
-        group._heard, group._send = heard, send  # type: ignore[method-assign]
-        await until(
-            lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
-            30,
-            "the members agree again",
-        )
-        after = events(300, 30, 600)
-        await append_to_store(store, after)
-        expected = expected_counts(window + after)
-        await until(
-            lambda: all((a.value(k) or b.value(k)) == v for k, v in expected.items()),
-            30,
-            "exact after the disagreement",
-        )
+        yield Group(a, b, calls, a.app.settings().event_store)
     finally:
         fwd.cancel()
         await asyncio.gather(fwd, return_exceptions=True)
         for m in (b, a):
             if m.worker.source is not None:
                 await m.stop()
+
+
+async def test_a_partition_that_comes_back_replays_what_another_member_applied(
+    group: Group,
+) -> None:
+    """A applies alone; B joins and applies half the keys; B leaves; A's state for B's
+    partitions is stale unless its open replays the store: every key must be exact."""
+    a, b, calls, store = group.a, group.b, group.calls, group.store
+    await a.start()
+    await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+    first, second, third = events(400, 40), events(400, 40, 400), events(400, 40, 800)
+    await append_to_store(store, first)
+    await until(lambda: len(calls) >= 400, 30, "a applied the first events")
+    await b.start()  # 1 -> 2: half the partitions move to b
+    await until(
+        lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
+        20,
+        "the partitions are shared",
+    )
+    await append_to_store(store, second)
+    await until(
+        lambda: all(
+            (a.value(k) or b.value(k) or {}).get("n") == 20 for k in expected_counts(first)
+        ),
+        30,
+        "the second events applied",
+    )
+    by_b = {eid for who, eid in calls if who == "b"}
+    assert {e.id for e in second} & by_b  # b applied some live events itself
+    await b.stop()  # 2 -> 1: b's partitions come back to a, which had old state
+    await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all again")
+    await append_to_store(store, third)
+    expected = expected_counts(first + second + third)
+    await until(lambda: all(a.value(k) == v for k, v in expected.items()), 30, "a exact")
+
+
+async def test_members_that_disagree_apply_each_event_once(group: Group) -> None:
+    """A hears nobody and says nothing (a partitioned member): B takes every partition
+    too. Single active consumer delivers each queue to A only, so each live event is
+    applied by one member; once A is heard again the members agree and stay exact."""
+    a, b, calls, store = group.a, group.b, group.calls, group.store
+    await a.start()
+    await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+    group = a.group
+    heard, send = group._heard, group._send
+
+    async def mute(*, leaving: bool = False) -> None:
+        return None
+
+    group._heard = lambda *args: None  # type: ignore[method-assign]
+    group._send = mute  # type: ignore[method-assign]
+    await b.start()
+    await until(lambda: b.owned() == set(range(PARTITIONS)), 20, "b takes all too")
+    assert a.owned() == set(range(PARTITIONS))  # both hold every partition
+    window = events(600, 30)
+    calls.clear()
+    await append_to_store(store, window)
+    await until(lambda: len({eid for _, eid in calls}) >= 600, 30, "the window applied")
+    await asyncio.sleep(1.0)  # anything doubly applied would show by now
+    appliers: dict[str, set[str]] = {}
+    for who, eid in calls:
+        appliers.setdefault(eid, set()).add(who)
+    assert all(who == {"a"} for who in appliers.values()), appliers  # SAC: a only
+    assert len(calls) == 600  # and once each
+
+    group._heard, group._send = heard, send  # type: ignore[method-assign]
+    await until(
+        lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
+        30,
+        "the members agree again",
+    )
+    after = events(300, 30, 600)
+    await append_to_store(store, after)
+    expected = expected_counts(window + after)
+    await until(
+        lambda: all((a.value(k) or b.value(k)) == v for k, v in expected.items()),
+        30,
+        "exact after the disagreement",
+    )
+
+
+async def test_a_member_nobody_hears_hands_over_without_losing_an_event(group: Group) -> None:
+    """A's heartbeats are lost and it hears B late: B takes every partition and replays
+    the store while A, the active consumer, goes on applying; then A sees B holding them
+    and lets go (its contests are lost too). What A applied after B's replay reached the
+    store's head is replayed by B before its first live message."""
+    a, b, calls, store = group.a, group.b, group.calls, group.store
+    await a.start()
+    await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+    group = a.group
+    send, heard = group._send, group._heard
+
+    async def mute(*, leaving: bool = False) -> None:
+        return None
+
+    group._send = mute  # type: ignore[method-assign]
+    group._heard = lambda *args: None  # type: ignore[method-assign]
+    stream = events(4000, 60)
+
+    async def load() -> None:
+        for i in range(0, len(stream), 50):
+            await append_to_store(store, stream[i : i + 50])
+            await asyncio.sleep(0.1)
+
+    loading = asyncio.create_task(load())
+    await asyncio.sleep(0.5)
+    await b.start()  # mid-load
+    await until(lambda: b.owned() == set(range(PARTITIONS)), 30, "b takes all")
+    await asyncio.sleep(1.5)  # b caught up and waits; a, the active consumer, applies
+    assert not loading.done()
+    applied_by_a = len([1 for who, _ in calls if who == "a"])
+    group._heard = heard  # type: ignore[method-assign]  # a hears b holding everything
+    await until(lambda: not a.owned(), 30, "a lets go")
+    assert len([1 for who, _ in calls if who == "a"]) > applied_by_a  # a applied meanwhile
+    await loading
+    expected = expected_counts(stream)
+    await until(lambda: all(b.value(k) == v for k, v in expected.items()), 60, "b exact")
+    assert {who for who, _ in calls} == {"a", "b"}  # both applied live events
+
+    group._send = send  # type: ignore[method-assign]
+    await until(
+        lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
+        30,
+        "a is heard again and takes its share",
+    )
+    more = events(200, 60, 4000)
+    await append_to_store(store, more)
+    expected = expected_counts(stream + more)
+    await until(
+        lambda: all((a.value(k) or b.value(k)) == v for k, v in expected.items()),
+        30,
+        "exact once the members agree",
+    )
 
 
 # --- the reference app, as processes --------------------------------------------------------
@@ -398,8 +458,11 @@ def _rabbitmq(action: str) -> None:
 
 
 async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_path: Path) -> None:
-    if services.how != "scripts/services":
-        pytest.skip("restarts the broker of scripts/services only")
+    if services.how != "scripts/services" and not os.environ.get("STREAMAPP_TEST_RESTARTABLE"):
+        pytest.skip(
+            "restarts the broker of scripts/services only (or, with STREAMAPP_TEST_RESTARTABLE=1, "
+            "the one STREAMAPP_SERVICES_HOME and STREAMAPP_RABBITMQ_PORT name)"
+        )
     amqp = services.amqp
     ns = f"rr{uuid.uuid4().hex[:6]}-"
     store = f"sqlite:///{tmp_path / 'events.db'}"
@@ -436,6 +499,46 @@ async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_p
         for w in workers:
             await wait_ready(w, 90)
         await _read_exact(workers, expected)
+        for w in workers:
+            assert w.stop() == 0
+    finally:
+        forwarder.kill()
+        for w in workers:
+            if w.alive:
+                w.kill()
+
+
+async def test_views_of_three_rabbitmq_workers_answer_every_key_from_its_owner(
+    amqp: str, tmp_path: Path
+) -> None:
+    """3 workers, 8 partitions, 1,000 keys: each worker serves its partitions and
+    forwards the others' keys to their owner, whose address it learned from the members'
+    heartbeats; every key asked of every worker gets the owner's value."""
+    ns = f"rv{uuid.uuid4().hex[:6]}-"
+    store = f"sqlite:///{tmp_path / 'events.db'}"
+    env = rabbit_env(amqp, STREAMAPP_EVENT_STORE=store, STREAMAPP_POLL_TIMEOUT_MS="200")
+    topics_create(ns, env)
+    evs, expected = order_events(1000, 5000)
+    await append_to_store(store, evs)
+    forwarder = StreamappProc(
+        ("forward", "-A", "agents.orders:app"),
+        "127.0.0.1:1",
+        ns,
+        tmp_path / "fwd.log",
+        extra_env=env,
+    ).start()
+    workers = [
+        WorkerProc(
+            "127.0.0.1:1", ns, tmp_path / n, tmp_path / f"{n}.log", extra_env=dict(env)
+        ).start()
+        for n in ("w1", "w2", "w3")
+    ]
+    try:
+        await wait_group_ready(workers, 8)
+        await _drained(amqp, ns, store, len(evs), 120)
+        await _read_exact(workers, expected)  # one local answer per key, the other forwarded
+        statuses = [await w.status() for w in workers]
+        assert sorted(len(s["partitions"]) for s in statuses if s) == [2, 3, 3], statuses
         for w in workers:
             assert w.stop() == 0
     finally:

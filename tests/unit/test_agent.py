@@ -108,6 +108,20 @@ async def test_events_without_streamversion_are_always_applied() -> None:
     assert broker.table("sums")["a"]["total"] == 4
 
 
+async def test_events_without_streamversion_are_counted_as_at_least_once() -> None:
+    from streamapp.web.metrics import WorkerMetrics
+
+    app, _ = counter_app()
+    metrics = WorkerMetrics()
+    broker = MemoryBroker(app, metrics=metrics)
+    broker.send("in", ev("a", 1, version=1))
+    broker.send("in", ev("a", 2))
+    broker.send("in", ev("b", 3))
+    assert await broker.process() == Counter({Outcome.DELIVERED: 3})
+    text = metrics.render().decode()
+    assert 'streamapp_unversioned_events_total{agent="summer"} 2.0' in text
+
+
 async def test_filter_gives_filtered() -> None:
     app, _ = counter_app(filter=lambda e: e.type != "skip")
     broker = MemoryBroker(app)

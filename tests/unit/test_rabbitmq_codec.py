@@ -10,7 +10,7 @@ import pytest
 
 from streamapp import DecodeError, Event
 from streamapp.rabbitmq.codec import decode, encode
-from streamapp.rabbitmq.wire import KEY_HEADER, from_message, to_message
+from streamapp.rabbitmq.wire import KEY_HEADER, from_message, to_message, to_properties
 
 REQUIRED = [
     ("cloudEvents_id", b"evt-1"),
@@ -81,6 +81,17 @@ def test_headers_and_properties_follow_the_binding() -> None:
     assert orjson.loads(message.body) == {"a": 1}
 
 
+def test_the_sink_publishes_the_same_properties_as_the_message() -> None:
+    key, body, headers = encode(full_event({"a": 1}))
+    message = to_message(body, key, headers)
+    props = to_properties(key, headers)
+    assert props.headers == message.headers
+    assert props.content_type == message.content_type == "application/json"
+    assert props.delivery_mode == message.delivery_mode == 2  # persistent
+    assert props.message_id
+    assert props.message_id != to_properties(key, headers).message_id  # one per attempt
+
+
 def test_minimal_event_and_binary_data_without_content_type() -> None:
     assert over_the_wire(Event(id="1", source="s", type="t")) == Event(id="1", source="s", type="t")
     blob = Event.create("blob", stream_id="s", data=b"\x01\x02", id="x", time="t")
@@ -142,6 +153,9 @@ def test_key_falls_back_to_the_stream_id_header() -> None:
         (b"x", REQUIRED[:3], "lacks required attribute(s): specversion"),
         (b"x", [*REQUIRED[:3], ("cloudEvents_specversion", b"0.3")], "unsupported specversion"),
         (b"x", [*REQUIRED, ("cloudEvents_id", b"\xff")], "not valid UTF-8"),
+        (b"x", [*REQUIRED, ("CLOUDEVENTS:TENANT", b"\xff")], "'CLOUDEVENTS:TENANT' is not valid"),
+        (b"x", [*REQUIRED, ("content-type", b"\xff")], "'content-type' is not valid UTF-8"),
+        (b"x", [*REQUIRED, ("cloudEvents_tenant", None)], "'cloudEvents_tenant' has no value"),
         (b"x", [*REQUIRED, ("cloudEvents_streamversion", b"-1")], "not a positive integer"),
         (b"x", [*REQUIRED, ("cloudEvents_", b"v")], "names no attribute"),
         (b"", [("content-type", b"application/cloudevents+json")], "empty body"),
