@@ -25,6 +25,25 @@ from streamapp import Event
 from streamapp.kafka import codec
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def restart_service(action: str, service: str) -> None:
+    """`scripts/services down|up SERVICE` for the restart tests; on failure, the script's
+    own words are in the assertion (a loaded machine may need the longer readiness bound)."""
+    env = {**os.environ, "STREAMAPP_KAFKA_TIMEOUT": "240", "STREAMAPP_RABBITMQ_TIMEOUT": "240"}
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "services"), action, service],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, (
+        f"scripts/services {action} {service} exited {done.returncode}:\n"
+        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+
+
 STATUSES = ("placed", "paid", "shipped", "cancelled")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -28,13 +27,13 @@ from streamapp.worker import Worker
 from tests.conftest import Services
 
 from .harness import (
-    ROOT,
     StreamappProc,
     WorkerProc,
     append_to_store,
     assert_exact,
     order_events,
     read_table,
+    restart_service,
     wait_group_ready,
     wait_ready,
 )
@@ -449,15 +448,6 @@ async def test_orders_100k_via_forwarder_while_workers_go_2_3_1_with_3_sigkills(
                 w.kill()
 
 
-def _rabbitmq(action: str) -> None:
-    subprocess.run(
-        [str(ROOT / "scripts" / "services"), action, "rabbitmq"],
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
-
-
 @pytest.mark.timeout(600)
 async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_path: Path) -> None:
     if services.how != "scripts/services" and not os.environ.get("STREAMAPP_TEST_RESTARTABLE"):
@@ -490,12 +480,12 @@ async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_p
         appending = asyncio.create_task(_append_slowly(store, evs, 1000, 0.2))
         await asyncio.sleep(1.5)
         try:
-            _rabbitmq("down")  # mid-stream
+            restart_service("down", "rabbitmq")  # mid-stream
             await asyncio.sleep(3)
             assert all(w.alive for w in workers)  # they wait for the broker
             assert forwarder.alive
         finally:
-            _rabbitmq("up")
+            restart_service("up", "rabbitmq")
         await appending
         await _drained(amqp, ns, store, len(evs), 300)
         for w in workers:
