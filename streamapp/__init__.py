@@ -8,6 +8,7 @@ from .errors import (
     DecodeError,
     MissingTopicError,
     PublishError,
+    Refuse,
     StoreLockedError,
     StreamappError,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "PublishError",
     "ReadView",
     "Redeliver",
+    "Refuse",
     "Send",
     "Settings",
     "StoreLockedError",

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DecodeError, TableUnavailableError
+from .errors import DecodeError, Refuse, TableUnavailableError
 from .events import Event
 from .history import History
 from .outcomes import FailurePolicy, Outcome, Redeliver, check_policy
@@ -127,6 +127,9 @@ async def handle(
     except TableUnavailableError as exc:
         _rollback(tables, outbox)
         return Handled(Outcome.UNAVAILABLE, str(exc), exc)
+    except Refuse as exc:
+        _rollback(tables, outbox)
+        return Handled(Outcome.REFUSED, f"{type(exc).__name__}: {exc}", exc)
     except Exception as exc:
         return _failed(tables, outbox, exc)
     except asyncio.CancelledError as exc:

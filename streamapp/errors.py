@@ -87,6 +87,14 @@ class TableUnavailableError(StreamappError):
     retriable = True
 
 
+class Refuse(StreamappError):
+    """Raised by a handler to stop its agent for good (outcome REFUSED): the event is
+    not settled (no commit, no ack for it), the worker stops with this error and leaves
+    the group at once, so another worker (or the next deployment) takes the partition
+    over from that event. For what no retry can fix here: an event of a schema this
+    code does not know, a projection that must not run past a corrupt input."""
+
+
 class FencedError(StreamappError):
     """Another worker took the partition over; this one no longer owns it."""
 

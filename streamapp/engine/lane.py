@@ -18,6 +18,9 @@ topic over each delivery, in registration order; each agent is a :class:`Lane` t
   after the policy's pause, only the lanes that did not settle it run it again. The
   others wait, at most one delivery ahead. UNAVAILABLE (a read of a table partition not
   served here) stops the batch the same way, with no attempt counted.
+- **Refused stops everything.** An agent that raises :class:`~streamapp.Refuse` stops
+  the partition at that delivery for every lane (what comes before it commits; it is
+  not settled), and the task reports it as fatal, so the worker stops and leaves.
 - **Durable positions.** A lane with tables keeps its position in its checkpoint; the
   positions of lanes ahead of the settled one travel with it (Kafka: in the committed
   offset's metadata, in the same transaction), so a restart does not run a delivery
@@ -113,11 +116,19 @@ class Run:
     """Lanes that left the delivery at ``stop`` unsettled (the policy redelivers it)."""
     unavailable: bool = False
     """A lane found a table it reads unavailable at ``stop``."""
+    refused: str | None = None
+    """Why an agent refused the delivery at ``stop`` (:class:`~streamapp.Refuse`): the
+    partition stops there for good."""
 
     @property
     def cut(self) -> bool:
         """Stopped by the time budget only."""
-        return self.stop is not None and not self.failed and not self.unavailable
+        return (
+            self.stop is not None
+            and not self.failed
+            and not self.unavailable
+            and self.refused is None
+        )
 
 
 async def run_lanes(
@@ -174,9 +185,14 @@ async def run_lanes(
                 reached[k] = position + 1
             elif handled.outcome is Outcome.UNAVAILABLE:
                 run.unavailable = True
+            elif handled.outcome is Outcome.REFUSED:
+                run.refused = run.refused or (
+                    f"agent {lane.name!r} refused {record.topic}[{record.partition}]"
+                    f"@{record.position}: {handled.reason}"
+                )
             else:
                 run.failed.append(lane)
-        if run.failed or run.unavailable:
+        if run.failed or run.unavailable or run.refused:
             run.stop = position
             break
     for k, lane in enumerate(lanes):
@@ -203,6 +219,9 @@ async def _settled(
     if handled.outcome.settles:
         return True
     agent = lane.agent
+    if handled.outcome is Outcome.REFUSED:
+        _log(agent, record, handled, "the agent stops for good", logging.ERROR)
+        return False
     if handled.outcome is Outcome.UNAVAILABLE:
         _log(
             agent, record, handled, "will deliver it again after a pause", logging.INFO, trace=False

@@ -24,7 +24,13 @@ from typing import Any, Protocol
 
 from .. import structured
 from ..agent import Agent
-from ..errors import ConfigError, FencedError, StoreFormatError, TableUnavailableError
+from ..errors import (
+    ConfigError,
+    FencedError,
+    StoreFormatError,
+    StreamappError,
+    TableUnavailableError,
+)
 from ..events import Event
 from ..outcomes import FailurePolicy, Outcome, Redeliver
 from ..outputs import Encoder
@@ -49,6 +55,14 @@ StoreOpener = Callable[[Agent, list[str]], Store]
 """Opens an agent's store of the partition with these spaces (blocking: in a thread)."""
 ParkerFor = Callable[[Agent], Parker]
 """The Parker of an agent in this partition."""
+Fatal = Callable[[BaseException], None]
+"""Told when a partition cannot go on in this worker (an agent refused, a store behind
+its changelog, a store or an app that cannot open): the source fails, the worker stops
+and leaves, and another worker takes the partition over from its last commit."""
+
+
+class AgentRefusedError(StreamappError):
+    """An agent raised :class:`~streamapp.Refuse`: the worker stops (see :data:`Fatal`)."""
 
 
 class HistoryFeed(Protocol):
@@ -122,6 +136,7 @@ class PartitionTask:
         encode: Encoder | None = None,
         publish: Publish | None = None,
         locate: Locator = _unplugged,
+        on_fatal: Fatal | None = None,
     ) -> None:
         agents = [agents] if isinstance(agents, Agent) else list(agents)
         if not agents or len({a.topic for a in agents}) != 1:
@@ -137,7 +152,9 @@ class PartitionTask:
         self.config, self._decode = config, decode
         self.metrics = metrics
         self._open_store, self.transaction, self.history = open_store, transaction, history
-        self._locate = locate
+        self._locate, self._on_fatal = locate, on_fatal
+        self.fatal: BaseException | None = None
+        """Why this partition stopped for good here (see :data:`Fatal`)."""
         self.lanes = [
             Lane(
                 a,
@@ -219,11 +236,21 @@ class PartitionTask:
         self._opening.add_done_callback(self._opening_done)
 
     def _opening_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "%s: cannot open: %s; the partition stays paused", self.name, task.exception()
-            )
-            self.phase = Phase.LOST
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._fail(exc, f"{self.name}: cannot open: {exc}")
+
+    def _fail(self, exc: BaseException, message: str) -> None:
+        """Stop this partition for good here: logged once, and the source is told, so the
+        worker stops and leaves the group (the partition stays paused meanwhile)."""
+        self.phase = Phase.LOST
+        if self.fatal is not None:
+            return
+        self.fatal = exc
+        if self._on_fatal is None:
+            log.error("%s; the partition stays paused", message)
+            return
+        log.error("%s; the worker stops so that another one takes the partition over", message)
+        self._on_fatal(exc)
 
     async def open(self) -> None:
         """Open, restore, catch up and go live, retrying with back-off: a partition is
@@ -494,9 +521,8 @@ class PartitionTask:
         self._reseek = True
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s: batch task died: %r", self.name, task.exception())
-            self.phase = Phase.LOST
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._fail(exc, f"{self.name}: batch task died: {exc!r}")
 
     async def process(self, deliveries: Sequence[Delivery]) -> None:
         """Run live ``deliveries`` (in order) through the agents, commit, then resume."""
@@ -522,6 +548,9 @@ class PartitionTask:
                 )
                 if run.reached != starts:
                     await self._commit_live(chunk, run)
+                if run.refused is not None:
+                    self._refused(run.refused)
+                    return
                 if run.stop is not None:
                     self._rewind(min(run.reached))
                     wait_s = self._wait_after(run)
@@ -541,6 +570,10 @@ class PartitionTask:
             self._rewind(self.next_position)
         self.busy = False
         self.port.resume()
+
+    def _refused(self, reason: str) -> None:
+        """An agent refused a delivery: what came before it is committed, it is not."""
+        self._fail(AgentRefusedError(reason), f"{self.name}: {reason}")
 
     def _wait_after(self, run: Run) -> float:
         """The pause before the partition is fetched again after ``run`` stopped."""
@@ -659,6 +692,9 @@ class PartitionTask:
                 self.metrics.replayed(lane.name, settled)
             for lane in run.failed:
                 self.metrics.redelivery(lane.name)
+            if run.refused is not None:
+                self._refused(run.refused)
+                return False
             if run.stop is None:
                 return True
             if not run.cut or self._closing.is_set():
@@ -673,13 +709,7 @@ class PartitionTask:
         try:
             await self._committer(settle_at, checkpoint)
         except StoreBehindError as exc:
-            self.phase = Phase.LOST
-            log.error(
-                "%s: %s; the partition stops here: restart the worker, its stores are "
-                "restored from the changelogs",
-                self.name,
-                exc,
-            )
+            self._fail(exc, f"{self.name}: {exc}; its stores are restored from the changelogs")
             raise
 
     async def _recover(self) -> bool:

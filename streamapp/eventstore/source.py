@@ -106,6 +106,8 @@ class StoreSource:
         self._locked = False
         self._parking = StoreParking(feed.store)
         self._config = TaskConfig.from_settings(settings)
+        self._failed: BaseException | None = None
+        self._fatal = asyncio.Event()
 
     async def start(self) -> None:
         await self._lock.__aenter__()  # raises when another worker holds it
@@ -137,6 +139,7 @@ class StoreSource:
             history=self.feed,
             metrics=self.metrics,
             locate=self.assignment.read_store,
+            on_fatal=self._fail,
         )
         port.task = task
         return task
@@ -152,4 +155,19 @@ class StoreSource:
             await self._lock.__aexit__(None, None, None)
 
     async def wait(self) -> None:
-        await self.feed.wait()
+        """Until the feed ends; raises when a partition cannot go on (an agent refused)."""
+        feed = asyncio.ensure_future(self.feed.wait())
+        fatal = asyncio.ensure_future(self._fatal.wait())
+        try:
+            await asyncio.wait({feed, fatal}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            fatal.cancel()
+        if self._failed is not None:
+            feed.cancel()
+            raise self._failed
+        await feed
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+        self._fatal.set()

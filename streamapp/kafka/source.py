@@ -87,6 +87,7 @@ class KafkaSource:
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._failed: BaseException | None = None
 
     async def start(self) -> None:
         """Connect (with start-up retries), check topics, join the group, start polling."""
@@ -115,6 +116,16 @@ class KafkaSource:
         """Until the poll loop ends (it raises when the consumer fails for good)."""
         if self._loop_task is not None:
             await self._loop_task
+        if self._failed is not None:
+            raise self._failed
+
+    def _fail(self, exc: BaseException) -> None:
+        """A partition cannot go on here (a task's :data:`~streamapp.engine.task.Fatal`):
+        polling ends, so the worker stops, and its consumer leaves the group at once,
+        handing the partition to another worker from its last commit."""
+        if self._failed is None:
+            self._failed = exc
+        self._stopping = True
 
     async def _poll_loop(self) -> None:
         consumer, tasks = self._consumer, self.assignment.tasks
@@ -198,6 +209,7 @@ class KafkaSource:
             transaction=transaction,
             history=self.history,
             metrics=self.metrics,
+            on_fatal=self._fail,
             encode=codec.encode,
             locate=self.assignment.read_store,
         )

@@ -283,9 +283,13 @@ class MemoryBroker:
                 bound = max(bound, lane.agent.on_failure.max_attempts or 0)
         tries, at = 0, -1
         while (start := port.position) < len(records):
+            if task.fatal is not None:  # an agent refused: the partition stopped for good
+                raise task.fatal
             before = Counter(task.outcomes)
             await task.process(records[start:])
             counts.update(Counter(task.outcomes) - before)
+            if task.fatal is not None:
+                raise task.fatal
             # Stopped at a failure (a lane failing at a record), or no progress at all.
             # A pass cut by the batch budget settles every record it handled.
             failing = [lane for lane in task.lanes if lane.attempts.position == port.position]

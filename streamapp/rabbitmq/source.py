@@ -191,6 +191,7 @@ class RabbitSource:
             history=self.history,
             encode=codec.encode,
             publish=self.sink.publish_many,
+            on_fatal=self._fail,
             locate=self.assignment.read_store,
         )
         port.on_renewed = task.recheck

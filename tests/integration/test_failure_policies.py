@@ -14,9 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
-from streamapp import App, Event, FromEventStore, Park, Redeliver, Table, TableView
+from streamapp import App, Event, FromEventStore, Park, Redeliver, Refuse, Table, TableView
 from streamapp.engine.phase import Phase
+from streamapp.engine.task import AgentRefusedError
 from streamapp.eventstore import Append, open_store
 from streamapp.kafka import codec
 from streamapp.kafka.topics import create_topics as create_app_topics
@@ -360,3 +362,71 @@ async def test_bounded_redeliver_parks_a_replayed_event_during_catch_up(
         == b"gave up after 2 attempts: ValueError: cannot apply bad"
     )
     assert headers["streamapp-source"] == f"{topic.name}/0/4".encode()  # store position 4
+
+
+async def _group_members(bootstrap: str, group: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_consumer_groups([group])
+        (described,) = response.groups
+        return len(described[5])  # (error, group, state, protocol type, protocol, members, ...)
+    finally:
+        await admin.close()
+
+
+async def test_refuse_stops_the_worker_commits_nothing_for_it_and_leaves_the_group(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """An agent that raises Refuse stops its worker with that reason: the events before
+    it are committed, it is not, and the consumer has left the group (no waiting for a
+    session timeout), so the next worker (here: the fixed code) starts at that event."""
+    ns = f"refuse{uuid.uuid4().hex[:6]}-"
+
+    def build(refuses: bool) -> App:
+        app = App(f"{ns}app", kafka_bootstrap=kafka_bootstrap, data_dir=tmp_path, web_port=0)
+        counts: Table[int] = Table("counts")
+
+        @app.agent(app.topic(f"{ns}in", partitions=1), tables=[counts])
+        async def count(event: Event, c: TableView[int]) -> None:
+            if refuses and event.type == "v9":
+                raise Refuse("schema v9 is unknown to this code; deploy the version that knows it")
+            c["s"] = c.get("s", 0) + 1
+
+        return app
+
+    app = build(refuses=True)
+    settings = app.settings()
+    await create_app_topics(app, settings)
+    kinds = ["v1", "v1", "v1", "v9", "v1", "v1"]
+    events = [Event.create(k, stream_id="s", data={}) for k in kinds]
+    await _send_raw(kafka_bootstrap, f"{ns}in", [codec.encode(e) for e in events])  # type: ignore[misc]
+
+    worker = Worker(app, settings)
+    await worker.start()
+    try:
+        with pytest.raises(AgentRefusedError) as refused:
+            async with asyncio.timeout(60):
+                await worker.source.wait()
+        assert f"agent 'count' refused {ns}in[0]@3" in str(refused.value)
+        assert "deploy the version that knows it" in str(refused.value)
+    finally:
+        await worker.stop()
+    assert await lag(kafka_bootstrap, app.id, f"{ns}in") == 3  # committed up to it, not it
+    assert await _group_members(kafka_bootstrap, app.id) == 0  # left at once
+
+    fixed = build(refuses=False)
+    worker = Worker(fixed, fixed.settings())
+    await worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if await lag(kafka_bootstrap, app.id, f"{ns}in") == 0:
+                break
+            await asyncio.sleep(0.2)
+        assert await lag(kafka_bootstrap, app.id, f"{ns}in") == 0
+        (task,) = worker.source.assignment.tasks.values()
+        assert task.tables is not None
+        assert task.tables.views[0].get("s") == 6  # each event once, the refused one too
+    finally:
+        await worker.stop()

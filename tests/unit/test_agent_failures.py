@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from streamapp import App, Event, Outcome, Park, Table, TableView
+import pytest
+
+from streamapp import App, Event, Outcome, Park, Refuse, Table, TableView
+from streamapp.engine.task import AgentRefusedError
 from streamapp.memory import MemoryBroker
 
 
@@ -53,3 +56,36 @@ async def test_a_handler_leaking_cancelled_error_is_a_failure_not_a_stop() -> No
     assert counts[Outcome.DELIVERED] == 2
     assert counts[Outcome.FAILED] == 1
     assert broker.table("n")["k"] == 2  # the failed event's write was rolled back
+
+
+async def test_refuse_stops_the_partition_there_for_good_and_says_why() -> None:
+    """Refuse: what came before is committed, the refused event and everything after it
+    are not applied (not by any agent of the topic), and process() raises, naming the
+    agent, the position and the handler's reason; a later call refuses again."""
+    app, table = _app()
+    other: Table[int] = Table("m")
+    topic = app.topic("in", partitions=1)
+
+    @app.agent(topic, tables=[table])
+    async def count(event: Event, n: TableView[int]) -> None:
+        n["k"] = n.get("k", 0) + 1
+        if event.type == "v9":
+            raise Refuse(f"schema {event.type} is newer than this code; deploy the new version")
+
+    @app.agent(topic, tables=[other])
+    async def also(event: Event, m: TableView[int]) -> None:
+        m["k"] = m.get("k", 0) + 1
+
+    broker = MemoryBroker(app)
+    for kind in ("ok", "ok", "v9", "ok"):
+        broker.send("in", Event.create(kind, stream_id="s", data={}))
+    with pytest.raises(AgentRefusedError) as refused:
+        await broker.process()
+    message = str(refused.value)
+    assert "agent 'count' refused in[0]@2" in message
+    assert "Refuse: schema v9 is newer than this code; deploy the new version" in message
+    assert broker.table("n")["k"] == 2  # the refused event's write was rolled back
+    assert broker.table("m")["k"] == 3  # the other agent settled it (its own position)
+    with pytest.raises(AgentRefusedError):
+        await broker.process()
+    assert broker.table("n")["k"] == 2
