@@ -18,6 +18,7 @@ from .events import Event
 from .history import History
 from .outcomes import FailurePolicy, Outcome, Redeliver, check_policy
 from .outputs import Outbox, Send
+from .repartition import GroupBy
 from .tables.partition import PartitionTables
 from .tables.table import Table
 
@@ -60,6 +61,9 @@ class Agent:
     bound: tuple[Table[Any], ...] = ()
     """``tables`` and ``reads`` in the order of the handler's parameters (empty: tables,
     then reads)."""
+    group_by: GroupBy | None = None
+    """Set when the agent consumes ``group_by.source`` re-keyed: ``topic`` is then the
+    internal repartition topic its forwarder ``group_by.forwarder`` feeds."""
 
     def __post_init__(self) -> None:
         check_policy(self.on_failure, self.name)

@@ -17,6 +17,14 @@ from .errors import ConfigError
 from .events import Event
 from .history import History
 from .outcomes import FailurePolicy, Redeliver, parking
+from .repartition import (
+    GroupBy,
+    KeyFunction,
+    check_key_function,
+    forwarder_name,
+    forwarding_handler,
+    repartition_topic,
+)
 from .settings import Settings, check_setting_names
 from .tables.changelog import changelog_topic
 from .tables.table import Table
@@ -33,6 +41,9 @@ class TopicRole(enum.StrEnum):
     """An agent's tables, compacted."""
     PARKING = "parking"
     """Where a failure policy parks records."""
+    REPARTITION = "repartition"
+    """Internal: a re-keyed agent's forwarder sends to it, the agent consumes it
+    (``group_by=``)."""
     MEMBERS = "members"
     """Where workers say which partitions they own (views forward through it)."""
 
@@ -90,6 +101,8 @@ class App:
         on_failure: FailurePolicy | None = None,
         history: History | None = None,
         name: str | None = None,
+        group_by: KeyFunction | None = None,
+        group_by_partitions: int | None = None,
     ) -> Callable[[Handler], Agent]:
         """Register ``async def handler(event, *views, send=...)`` as an agent of ``topic``.
 
@@ -106,6 +119,14 @@ class App:
         Several agents may share a topic: one consumer feeds them all, each with its own
         tables, outcome and failure policy per event (see :mod:`streamapp.engine.lane`).
 
+        ``group_by=lambda e: e.data["customer"]`` consumes ``topic`` re-keyed (Faust's
+        ``group_by``): a forwarding agent ``{name}.group_by`` on ``topic`` sends each
+        event (after ``filter``) keyed by the function's value to the internal topic
+        ``{app}-{name}-repartition`` (``group_by_partitions``, default: ``topic``'s
+        count), which the agent consumes; its tables are keyed by the new key. A key
+        function that raises or returns no non-empty ``str`` fails the event under
+        ``on_failure`` (see :mod:`streamapp.repartition`).
+
         Registration refuses (ConfigError naming the agent and what to change):
 
         - a handler that is not ``async def``;
@@ -121,7 +142,10 @@ class App:
           ``Agent.bound`` is in parameter order;
         - a table of another agent in ``tables`` (a table has one writer);
         - a table in ``reads`` that no agent registered so far owns, or whose agent's
-          topic has another partition count (not co-partitioned).
+          topic has another partition count (not co-partitioned);
+        - a ``group_by`` that is not a function, ``group_by_partitions`` without
+          ``group_by`` or below 1, ``group_by`` with ``history`` (the store is replayed
+          by stream id), or a repartition topic name the app declares itself.
         """
 
         def register(handler: Handler) -> Agent:
@@ -131,6 +155,8 @@ class App:
             bound = bind_tables(agent_name, handler, tables, reads, sends=bool(outputs))
             if agent_name in self.agents:
                 raise ConfigError(f"agent {agent_name!r} is registered twice in app {self.id!r}")
+            regroup = self._group_by(agent_name, topic, group_by, group_by_partitions, history)
+            source = topic if regroup is None else regroup.topic
             own = tuple(t for t in bound if t in tuple(tables))
             read = tuple(t for t in bound if t not in own)
             for other in self.agents.values():
@@ -141,24 +167,78 @@ class App:
                         f"{other.name!r}; a table has one writer: list it in reads=[...] to "
                         "read it"
                     )
-            self._check_reads(agent_name, topic, read)
+            self._check_reads(agent_name, source, read)
+            policy = on_failure or Redeliver()
             agent = Agent(
                 name=agent_name,
                 handler=handler,
-                topic=topic,
+                topic=source,
                 tables=own,
-                filter=filter,
-                on_failure=on_failure or Redeliver(),
+                filter=filter if regroup is None else None,  # the forwarder filters
+                on_failure=policy,
                 history=history,
                 sinks=outputs,
                 reads=read,
                 bound=bound,
+                group_by=regroup,
             )
+            if regroup is not None:
+                self.topics[regroup.topic.name] = regroup.topic
+                self.agents[regroup.forwarder] = Agent(
+                    name=regroup.forwarder,
+                    handler=forwarding_handler(agent_name, regroup),
+                    topic=topic,
+                    filter=filter,
+                    on_failure=policy,
+                    sinks=(regroup.topic,),
+                )
             self.agents[agent_name] = agent
             self.tables.update({t.name: (agent, t) for t in agent.tables})
             return agent
 
         return register
+
+    def _group_by(
+        self,
+        agent: str,
+        topic: TopicSpec,
+        key: KeyFunction | None,
+        partitions: int | None,
+        history: History | None,
+    ) -> GroupBy | None:
+        """The re-keying of ``agent`` (None: it consumes ``topic`` as it is keyed)."""
+        if key is None:
+            if partitions is not None:
+                raise ConfigError(
+                    f"agent {agent!r}: group_by_partitions={partitions!r} without group_by; "
+                    "drop it, or re-key the topic with group_by=..."
+                )
+            return None
+        key = check_key_function(agent, key)
+        if history is not None:
+            raise ConfigError(
+                f"agent {agent!r}: group_by with history={history!r} is not supported: the "
+                "event store is replayed by stream id, not by the key function; drop one"
+            )
+        count = topic.partitions if partitions is None else partitions
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(
+                f"agent {agent!r}: group_by_partitions={partitions!r}; give a whole number "
+                "of partitions, at least 1 (default: the source topic's count)"
+            )
+        name = repartition_topic(self.id, agent)
+        if name in self.topics:
+            raise ConfigError(
+                f"agent {agent!r}: topic {name!r} is declared by the app, but it is the "
+                "agent's internal repartition topic (group_by); rename the topic or the agent"
+            )
+        forwarder = forwarder_name(agent)
+        if forwarder in self.agents:
+            raise ConfigError(
+                f"agent {agent!r}: an agent named {forwarder!r} is registered already, but "
+                "it is the name of this agent's forwarder (group_by); rename that agent"
+            )
+        return GroupBy(key, topic, TopicSpec(name, count), forwarder)
 
     def agents_of(self, topic: str) -> list[Agent]:
         """The agents fed by ``topic``, in registration order (the order they run in)."""
@@ -250,7 +330,8 @@ class App:
         plan: dict[str, TopicPlan] = {}
         for agent in self.agents.values():
             src = agent.topic
-            plan[src.name] = TopicPlan(src.name, src.partitions)
+            role = TopicRole.SOURCE if agent.group_by is None else TopicRole.REPARTITION
+            plan[src.name] = TopicPlan(src.name, src.partitions, role=role)
         for agent in self.agents.values():
             src = agent.topic
             changelog = self.changelog_topic(agent)

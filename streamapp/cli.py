@@ -467,6 +467,12 @@ def agents(app_ref: str) -> None:
             "history": None if history is None else repr(history),
             "filter": None if agent.filter is None else getattr(agent.filter, "__name__", "yes"),
         }
+        if agent.group_by is not None:
+            out["group_by"] = {
+                "source": agent.group_by.source.name,
+                "forwarder": agent.group_by.forwarder,
+                "key": getattr(agent.group_by.key, "__name__", "yes"),
+            }
         click.echo(orjson.dumps(out).decode())
 
 

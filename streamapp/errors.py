@@ -80,6 +80,11 @@ class OutputError(StreamappError):
     does not declare in ``sinks=[...]``, or without a stream id (the message key)."""
 
 
+class GroupByError(StreamappError):
+    """A re-keyed agent's key function (``group_by=``) raised or returned no usable key
+    (a non-empty ``str``) for an event: the agent's failure policy applies."""
+
+
 class TableUnavailableError(StreamappError):
     """A handler read another agent's table partition that this worker does not serve
     right now (restoring, moving, or owned elsewhere): the event waits and is tried again."""

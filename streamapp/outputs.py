@@ -72,6 +72,18 @@ class Send:
         partition = partition_for(sid.encode(), spec.partitions)
         self._outbox.add(Message(spec.name, value, key, headers, partition))
 
+    def rekeyed(self, topic: TopicSpec, event: Event, key: str) -> None:
+        """Buffer ``event`` for ``topic`` keyed by ``key`` instead of its stream id (its
+        body keeps the stream id): what a re-keyed agent's forwarder sends (``group_by``)."""
+        spec = self._sinks.get(topic.name)
+        if spec is None:
+            raise OutputError(f"agent {self._agent!r} does not declare topic {topic.name!r}")
+        raw = key.encode()
+        _, value, headers = self._encode(event)
+        self._outbox.add(
+            Message(spec.name, value, raw, headers, partition_for(raw, spec.partitions))
+        )
+
 
 class Outbox:
     """One agent's sends in one partition: the open event's, then the open batch's."""

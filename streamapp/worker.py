@@ -24,6 +24,7 @@ from .engine.source import LiveSource
 from .errors import ConfigError, ShutdownTimeoutError
 from .eventstore import open_store
 from .eventstore.base import EventStoreBackend
+from .repartition import refuse_broker
 from .settings import Settings
 from .sink import Sink
 from .web.metrics import WorkerMetrics
@@ -53,6 +54,7 @@ class Worker:
         self._web: web.AppRunner | None = None
         self.metrics = WorkerMetrics()
         self._stop = asyncio.Event()
+        refuse_broker(app.agents.values(), settings.broker)
         for agent in app.agents.values():
             if agent.sinks and settings.broker == "none":
                 raise ConfigError(

@@ -91,8 +91,8 @@ async def check_topics(app: App, settings: Settings, app_ref: str) -> None:
             raise ConfigError(
                 f"topic {p.name!r} has {have} partitions but the app declares {p.partitions} "
                 f"({p.role}); tables are partitioned like their source and derived events "
-                "are routed by the declared count, so these must match"
+                "and re-keyed events are routed by the declared count, so these must match"
             )
 
 
-_COUNTED = (TopicRole.SOURCE, TopicRole.CHANGELOG, TopicRole.OUTPUT)
+_COUNTED = (TopicRole.SOURCE, TopicRole.CHANGELOG, TopicRole.OUTPUT, TopicRole.REPARTITION)

@@ -34,6 +34,7 @@ from ..engine.parking import parker
 from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
 from ..errors import SourceError
 from ..events import Event
+from ..repartition import refuse_broker
 from ..settings import Settings
 from ..tables.store import RocksStore, Store
 from . import codec
@@ -64,6 +65,7 @@ class RabbitSource:
         member_id: str = "",
         views_url: Callable[[], str | None] = lambda: None,
     ) -> None:
+        refuse_broker(app.agents.values(), "rabbitmq")
         self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
         self.history = history
         self.member_id = member_id or f"{socket.gethostname()}:{os.getpid()}"

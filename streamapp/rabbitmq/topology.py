@@ -31,6 +31,7 @@ from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
 from ..app import App, TopicPlan, TopicRole
 from ..errors import ConfigError, MissingTopicError
+from ..repartition import refuse_broker
 from ..settings import Settings
 from .connection import connect
 from .membership import members_exchange
@@ -55,7 +56,8 @@ def plans(app: App) -> list[TopicPlan]:
 
 async def create_topology(app: App, settings: Settings) -> list[str]:
     """Declare every exchange and partition queue of the app that is missing; returns the
-    topics that had something missing."""
+    topics that had something missing. Refuses an app with a re-keyed agent."""
+    refuse_broker(app.agents.values(), "rabbitmq")
     connection = await connect(settings)
     created: list[str] = []
     try:
