@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,6 +18,10 @@ from ..settings import Settings
 
 Changes = Mapping[str, Mapping[bytes, bytes | None]]
 """space -> key -> value; ``None`` deletes the key."""
+
+CACHE_KEYS = 10_000
+"""Committed values a :class:`RocksStore` keeps in memory per space (see its ``get``)."""
+_MISSING: Any = object()
 
 
 class Store(Protocol):
@@ -86,15 +91,31 @@ class RocksStore:
     cache), and a machine crash can lose only batches that the changelog (acks=all,
     written first) still holds, so restore replays them. See DESIGN notes in
     :mod:`streamapp.tables.changelog`.
+
+    Reads go through a write-through cache of committed values (absent keys too), at
+    most ``cache_keys`` per space, oldest first out: a partition's store has one writer,
+    this object, so the cache is the store's state. A replay touches each key once per
+    chunk; without the cache every event paid two RocksDB reads (its stream version and
+    its table value). Every call runs on the event loop's thread (rocksdict holds the
+    GIL anyway), so the cache needs no lock.
     """
 
-    def __init__(self, path: Path, spaces: Iterable[str], *, open_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        spaces: Iterable[str],
+        *,
+        open_timeout_s: float = 30.0,
+        cache_keys: int = CACHE_KEYS,
+    ) -> None:
         from rocksdict import WriteOptions
 
         self.path = path
         self._names = list(dict.fromkeys(spaces))
         self._open_timeout_s = open_timeout_s
         self._wopts = WriteOptions()
+        self._cache_keys = cache_keys
+        self._cache: dict[str, dict[bytes, bytes | None]] = {}
         self._open()
 
     def _open(self) -> None:
@@ -133,10 +154,22 @@ class RocksStore:
                 delay = min(delay * 2, 1.0)
         self._cfs = {name: self._db.get_column_family(name) for name in names}
         self._handles = {name: self._db.get_column_family_handle(name) for name in names}
+        self._cache = {name: {} for name in names}
 
     def get(self, space: str, key: bytes) -> bytes | None:
-        value: bytes | None = self._cfs[space].get(key)
+        cache = self._cache[space]
+        value: bytes | None = cache.get(key, _MISSING)
+        if value is _MISSING:
+            value = self._cfs[space].get(key)
+            if len(cache) >= self._cache_keys:
+                self._evict(cache)
+            cache[key] = value
         return value
+
+    def _evict(self, cache: dict[bytes, bytes | None]) -> None:
+        """Keep the newer half of a space's cache (insertion order; amortised O(1))."""
+        for key in list(islice(cache, len(cache) - self._cache_keys // 2)):
+            del cache[key]
 
     def scan(self, space: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
         """A page read with a short-lived iterator: no iterator outlives the call, so a
@@ -186,12 +219,23 @@ class RocksStore:
                     batch.delete(key, handle)
                 else:
                     batch.put(key, value, handle)
-        self._db.write(batch, self._wopts)
+        try:
+            self._db.write(batch, self._wopts)
+        except BaseException:
+            for space in changes:  # whether the write landed is unknown: read it again
+                self._cache[space].clear()
+            raise
+        for space, kv in changes.items():
+            cache = self._cache[space]
+            cache.update(kv)
+            if len(cache) > self._cache_keys:
+                self._evict(cache)
 
     def close(self) -> None:
         # Column-family objects keep the DB (and its LOCK) alive: drop them first.
         self._cfs.clear()
         self._handles.clear()
+        self._cache.clear()
         if self._db is not None:
             self._db.close()
             self._db = None
