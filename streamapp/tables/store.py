@@ -21,13 +21,21 @@ Changes = Mapping[str, Mapping[bytes, bytes | None]]
 
 CACHE_KEYS = 10_000
 """Committed values a :class:`RocksStore` keeps in memory per space (see its ``get``)."""
-_MISSING: Any = object()
+
+
+Reader = Callable[[bytes], bytes | None]
+"""``get`` for one space (see :meth:`Store.reader`)."""
 
 
 class Store(Protocol):
     """Durable key spaces of one partition. ``write`` is atomic across spaces."""
 
     def get(self, space: str, key: bytes) -> bytes | None: ...
+
+    def reader(self, space: str) -> Reader:
+        """``get`` of ``space`` as one callable to keep: the per-event reads call it
+        without a method dispatch. Valid for the store's life, wipes included."""
+        ...
 
     def scan(self, space: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
         """Up to ``limit`` items in key order, from the first key above ``after``."""
@@ -54,6 +62,9 @@ class MemoryStore:
 
     def get(self, space: str, key: bytes) -> bytes | None:
         return self._spaces[space].get(key)
+
+    def reader(self, space: str) -> Reader:
+        return self._spaces[space].get
 
     def scan(self, space: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
         items = sorted(self._spaces[space].items())
@@ -114,8 +125,7 @@ class RocksStore:
         self._names = list(dict.fromkeys(spaces))
         self._open_timeout_s = open_timeout_s
         self._wopts = WriteOptions()
-        self._cache_keys = cache_keys
-        self._cache: dict[str, dict[bytes, bytes | None]] = {}
+        self._cache = {name: _Cache(cache_keys) for name in self._names}
         self._open()
 
     def _open(self) -> None:
@@ -154,22 +164,14 @@ class RocksStore:
                 delay = min(delay * 2, 1.0)
         self._cfs = {name: self._db.get_column_family(name) for name in names}
         self._handles = {name: self._db.get_column_family_handle(name) for name in names}
-        self._cache = {name: {} for name in names}
+        for name, cache in self._cache.items():
+            cache.open(self._cfs[name], self.path)
 
     def get(self, space: str, key: bytes) -> bytes | None:
-        cache = self._cache[space]
-        value: bytes | None = cache.get(key, _MISSING)
-        if value is _MISSING:
-            value = self._cfs[space].get(key)
-            if len(cache) >= self._cache_keys:
-                self._evict(cache)
-            cache[key] = value
-        return value
+        return self._cache[space][key]
 
-    def _evict(self, cache: dict[bytes, bytes | None]) -> None:
-        """Keep the newer half of a space's cache (insertion order; amortised O(1))."""
-        for key in list(islice(cache, len(cache) - self._cache_keys // 2)):
-            del cache[key]
+    def reader(self, space: str) -> Reader:
+        return self._cache[space].__getitem__
 
     def scan(self, space: str, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
         """A page read with a short-lived iterator: no iterator outlives the call, so a
@@ -226,19 +228,58 @@ class RocksStore:
                 self._cache[space].clear()
             raise
         for space, kv in changes.items():
-            cache = self._cache[space]
-            cache.update(kv)
-            if len(cache) > self._cache_keys:
-                self._evict(cache)
+            self._cache[space].wrote(kv)
 
     def close(self) -> None:
         # Column-family objects keep the DB (and its LOCK) alive: drop them first.
+        for cache in self._cache.values():
+            cache.close()
         self._cfs.clear()
         self._handles.clear()
-        self._cache.clear()
         if self._db is not None:
             self._db.close()
             self._db = None
+
+
+class _Cache(dict[bytes, bytes | None]):
+    """One space's committed values, absent keys included; a miss reads RocksDB (in
+    ``__missing__``, so a hit is one dict lookup in C). At most ``bound`` keys: when
+    full, the older half (by first insertion) goes, amortised O(1) per key."""
+
+    __slots__ = ("_bound", "_family", "_path")
+
+    def __init__(self, bound: int) -> None:
+        super().__init__()
+        self._bound = bound
+        self._family: Any = None
+        self._path: Path | None = None
+
+    def open(self, family: Any, path: Path) -> None:
+        self.clear()
+        self._family, self._path = family, path
+
+    def close(self) -> None:
+        self.clear()
+        self._family = None
+
+    def __missing__(self, key: bytes) -> bytes | None:
+        if self._family is None:
+            raise StoreClosedError(f"table store {self._path} is closed (partition revoked)")
+        value: bytes | None = self._family.get(key)
+        if len(self) >= self._bound:
+            self._evict()
+        self[key] = value
+        return value
+
+    def wrote(self, changes: Mapping[bytes, bytes | None]) -> None:
+        """Take the values of a successful write."""
+        self.update(changes)
+        if len(self) > self._bound:
+            self._evict()
+
+    def _evict(self) -> None:
+        for key in list(islice(self, len(self) - self._bound // 2)):
+            del self[key]
 
 
 def rocks_opener(
