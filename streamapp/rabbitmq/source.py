@@ -151,10 +151,10 @@ class RabbitSource:
         settings, topic = self.settings, agent.topic.name
         name = f"{topic}[{p}]"
         path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
-        timeout = settings.store_open_timeout_s
+        timeout, cache_keys = settings.store_open_timeout_s, settings.table_cache_keys
 
         def open_store(spaces: list[str]) -> Store:
-            return RocksStore(path, spaces, open_timeout_s=timeout)
+            return RocksStore(path, spaces, open_timeout_s=timeout, cache_keys=cache_keys)
 
         assert self._connection is not None
         task: PartitionTask

@@ -20,7 +20,8 @@ Changes = Mapping[str, Mapping[bytes, bytes | None]]
 """space -> key -> value; ``None`` deletes the key."""
 
 CACHE_KEYS = 10_000
-"""Committed values a :class:`RocksStore` keeps in memory per space (see its ``get``)."""
+"""Committed values a :class:`RocksStore` keeps in memory per space (see its docstring;
+setting ``table_cache_keys``)."""
 
 
 Reader = Callable[[bytes], bytes | None]
@@ -267,15 +268,18 @@ class _Cache(dict[bytes, bytes | None]):
             raise StoreClosedError(f"table store {self._path} is closed (partition revoked)")
         value: bytes | None = self._family.get(key)
         if len(self) >= self._bound:
+            if not self._bound:
+                return value
             self._evict()
         self[key] = value
         return value
 
     def wrote(self, changes: Mapping[bytes, bytes | None]) -> None:
         """Take the values of a successful write."""
-        self.update(changes)
-        if len(self) > self._bound:
-            self._evict()
+        if self._bound:
+            self.update(changes)
+            if len(self) > self._bound:
+                self._evict()
 
     def _evict(self) -> None:
         for key in list(islice(self, len(self) - self._bound // 2)):
@@ -289,7 +293,9 @@ def rocks_opener(
     path = Path(settings.data_dir) / app_id / agent / str(partition)
     timeout = settings.store_open_timeout_s
 
+    cache_keys = settings.table_cache_keys
+
     def open_store(spaces: list[str]) -> Store:
-        return RocksStore(path, spaces, open_timeout_s=timeout)
+        return RocksStore(path, spaces, open_timeout_s=timeout, cache_keys=cache_keys)
 
     return open_store

@@ -258,3 +258,34 @@ def test_rocks_write_that_raises_leaves_no_stale_cached_value(tmp_path: Path) ->
     finally:
         store._db = real
         store.close()
+
+
+def test_rocks_without_a_read_cache_reads_rocksdb_each_time(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1, cache_keys=0)
+    try:
+        store.write({"t:a": {b"k": b"v"}})
+        read = store.reader("t:a")
+        assert read(b"k") == b"v"
+        assert read(b"absent") is None
+        assert store.get("t:a", b"k") == b"v"
+        assert all(len(cached) == 0 for cached in store._cache.values())
+    finally:
+        store.close()
+
+
+def test_rocks_reader_stays_valid_across_wipe_and_fails_clearly_after_close(
+    tmp_path: Path,
+) -> None:
+    from streamapp.errors import StoreClosedError
+
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)
+    read = store.reader("t:a")
+    store.write({"t:a": {b"k": b"v"}})
+    assert read(b"k") == b"v"
+    store.wipe()
+    assert read(b"k") is None
+    store.write({"t:a": {b"k": b"again"}})
+    assert read(b"k") == b"again"
+    store.close()
+    with pytest.raises(StoreClosedError):
+        read(b"other")
