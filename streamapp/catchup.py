@@ -25,16 +25,21 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import add
+from typing import NamedTuple, overload
 
-from .engine.delivery import Message
+from .engine.delivery import Headers
 from .engine.pace import Pace, pause
 from .engine.phase import Phase
 from .engine.task import PartitionTask
-from .eventstore.base import EventStoreBackend, StoredEvent
+from .eventstore.base import EventStoreBackend, StoredRow
 from .partitioner import partition_for
 
 log = logging.getLogger("streamapp.catchup")
+_new = tuple.__new__
 
 PROGRESS_EVERY_S = 5.0
 
@@ -46,7 +51,7 @@ class StoreFeed:
         self,
         store: EventStoreBackend,
         *,
-        chunk: int = 10_000,
+        chunk: int = 50_000,
         poll_s: float = 0.5,
     ) -> None:
         self.store, self.chunk, self.poll_s = store, chunk, poll_s
@@ -108,7 +113,7 @@ class StoreFeed:
             await self._loop
 
     async def _run(self) -> None:
-        prefetch: tuple[int, asyncio.Task[list[StoredEvent]]] | None = None
+        prefetch: tuple[int, asyncio.Task[list[StoredRow]]] | None = None
         pace = Pace(self._stop)
         while not self._stop.is_set():
             members = self._members()
@@ -134,7 +139,7 @@ class StoreFeed:
                 continue
             pace.delay = pace.initial_s
             prefetch = None
-            end = rows[-1].position + 1 if rows else start
+            end = rows[-1][0] + 1 if rows else start
             at_head = len(rows) < self.chunk
             if not at_head:  # read the next chunk while this one is applied
                 prefetch = (end, asyncio.create_task(self._read(end)))
@@ -153,9 +158,9 @@ class StoreFeed:
                 await pause(self._stop, self.poll_s)
         _discard(prefetch)
 
-    async def _read(self, start: int) -> list[StoredEvent]:
+    async def _read(self, start: int) -> list[StoredRow]:
         self.reads += 1
-        return await self.store.read_all(start, self.chunk)
+        return await self.store.read_rows(start, self.chunk)
 
     def _members(self) -> list[PartitionTask]:
         """The tasks to feed now: catching up or following, and not waiting to retry."""
@@ -175,40 +180,42 @@ class StoreFeed:
         return waiting + following
 
     async def _apply(
-        self, members: Iterable[PartitionTask], rows: list[StoredEvent], end: int
+        self, members: Iterable[PartitionTask], rows: list[StoredRow], end: int
     ) -> set[PartitionTask]:
         """Give each member its share of ``rows``; returns the members that failed."""
-        by_count: dict[int, list[list[StoredEvent]]] = {}
+        split: dict[int, list[list[int]]] = {}
         failed: set[PartitionTask] = set()
+        first = rows[0][0] if rows else end
         for task in members:
             position = task.history_position()
             if position >= end:
                 continue
-            n = task.topic.partitions
-            shares = by_count.get(n)
+            topic = task.topic
+            shares = split.get(topic.partitions)
             if shares is None:
-                shares = by_count[n] = self._split(rows, n)
-            topic = task.topic.name
-            deliveries = [
-                Message(topic, task.partition, r.position, r.stream_id.encode(), r.payload, ())
-                for r in shares[task.partition]
-                if r.position >= position
-            ]
+                shares = split[topic.partitions] = self._split(rows, topic.partitions)
+            share = shares[task.partition]
+            if position > first:  # applied in part already (a retry after a failed event)
+                share = share[bisect_left(share, position, key=lambda i: rows[i][0]) :]
+            deliveries = Share(rows, share, topic.name, task.partition)
             if not await task.apply_history(deliveries, end):
                 failed.add(task)
         return failed
 
-    def _split(self, rows: list[StoredEvent], n: int) -> list[list[StoredEvent]]:
-        """``rows`` by partition among ``n`` (stream ids cached: murmur2 is ~3 us)."""
+    def _split(self, rows: list[StoredRow], n: int) -> list[list[int]]:
+        """The indexes of ``rows`` by partition among ``n`` (stream ids' partitions
+        cached: murmur2 is ~3 us)."""
         cache = self._partitions.setdefault(n, {})
         if len(cache) > 1_000_000:
             cache.clear()
-        shares: list[list[StoredEvent]] = [[] for _ in range(n)]
-        for row in rows:
-            p = cache.get(row.stream_id)
+        get = cache.get
+        shares: list[list[int]] = [[] for _ in range(n)]
+        appends = [share.append for share in shares]
+        for i, (_, sid, _) in enumerate(rows):
+            p = get(sid)
             if p is None:
-                p = cache[row.stream_id] = partition_for(row.stream_id.encode(), n)
-            shares[p].append(row)
+                p = cache[sid] = partition_for(sid.encode(), n)
+            appends[p](i)
         return shares
 
     def _caught_up(self, task: PartitionTask) -> None:
@@ -222,12 +229,57 @@ class StoreFeed:
         return {"head": self.head, "catching_up": len(self._waiting), "reads": self.reads}
 
 
-def _discard(prefetch: tuple[int, asyncio.Task[list[StoredEvent]]] | None) -> None:
+def _discard(prefetch: tuple[int, asyncio.Task[list[StoredRow]]] | None) -> None:
     """Drop a read ahead that is not wanted, without leaving its error unretrieved."""
     if prefetch is not None:
         task = prefetch[1]
         task.cancel()
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+class StoredDelivery(NamedTuple):
+    """A replayed event as a :class:`~streamapp.engine.delivery.Delivery`: a
+    :data:`StoredRow` and the task's topic and partition, made in one tuple addition."""
+
+    position: int
+    stream_id: str
+    value: bytes
+    topic: str
+    partition: int
+    headers: Headers
+
+    @property
+    def key(self) -> bytes:
+        return self.stream_id.encode()
+
+
+class Share(Sequence[StoredDelivery]):
+    """One partition's deliveries of a stored chunk, each made as it is iterated: one
+    lives only while its event is handled (see :data:`StoredRow` for why no object per
+    event should live as long as its chunk)."""
+
+    __slots__ = ("_indexes", "_rows", "_tail")
+
+    def __init__(self, rows: list[StoredRow], indexes: list[int], topic: str, partition: int):
+        self._rows, self._indexes = rows, indexes
+        self._tail: tuple[str, int, Headers] = (topic, partition, ())
+
+    def __len__(self) -> int:
+        return len(self._indexes)
+
+    @overload
+    def __getitem__(self, i: int) -> StoredDelivery: ...
+    @overload
+    def __getitem__(self, i: slice) -> Share: ...
+    def __getitem__(self, i: int | slice) -> StoredDelivery | Share:
+        if isinstance(i, slice):
+            topic, partition, _ = self._tail
+            return Share(self._rows, self._indexes[i], topic, partition)
+        return _new(StoredDelivery, self._rows[self._indexes[i]] + self._tail)
+
+    def __iter__(self) -> Iterator[StoredDelivery]:
+        rows = map(self._rows.__getitem__, self._indexes)
+        return map(_new, repeat(StoredDelivery), map(add, rows, repeat(self._tail)))
 
 
 class _Progress:
@@ -240,7 +292,7 @@ class _Progress:
         self.bar = sys.stderr.isatty()
         self._drawn = False
 
-    def tick(self, feed: StoreFeed, rows: list[StoredEvent]) -> None:
+    def tick(self, feed: StoreFeed, rows: list[StoredRow]) -> None:
         self.events += len(rows)
         if not feed._waiting:
             self.done()
@@ -249,7 +301,7 @@ class _Progress:
         if now - self.last < (0.5 if self.bar else PROGRESS_EVERY_S):
             return
         self.last = now
-        at = rows[-1].position if rows else feed.head
+        at = rows[-1][0] if rows else feed.head
         head = max(feed.head, at)
         rate = self.events / max(now - self.started, 1e-6)
         eta = (head - at) / rate if rate else float("inf")

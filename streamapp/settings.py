@@ -110,6 +110,10 @@ class Settings:
     replication_factor: int = 1
     shutdown_timeout_s: float = 45.0
     store_open_timeout_s: float = 30.0
+    table_cache_keys: int = 10_000
+    """Committed values each partition store keeps in memory per table, and stream
+    versions as many: the handlers' and the stream-version guard's reads of them skip
+    RocksDB. A worker holds at most this x (tables + 1) x partitions; 0: no cache."""
     restore_stall_timeout_s: float = 60.0
     startup_retry: Backoff = field(default_factory=Backoff)
 
@@ -241,6 +245,8 @@ class Settings:
                 "must exceed half of rebalance_timeout_ms (the time a partition may take to "
                 "finish its batch when it is revoked), or a stopping worker cannot drain",
             )
+        if self.table_cache_keys < 0:
+            raise bad("table_cache_keys", "must be 0 (no cache) or more")
         if self.startup_retry.attempts < 1:
             raise ConfigError("setting startup_retry.attempts must be at least 1")
 

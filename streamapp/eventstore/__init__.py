@@ -16,6 +16,7 @@ from .base import (
     ForwarderState,
     ParkedRecord,
     StoredEvent,
+    StoredRow,
     StoreUrl,
     parse_url,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "ParkedRecord",
     "StoreUrl",
     "StoredEvent",
+    "StoredRow",
     "open_store",
     "parse_url",
 ]

@@ -43,6 +43,15 @@ class StoredEvent(NamedTuple):
         return from_stored(self.payload)
 
 
+StoredRow = tuple[int, str, bytes]
+"""``(position, stream_id, payload)``: a stored event as the catch-up replay reads it.
+
+A plain tuple, not a :class:`StoredEvent`: the garbage collector stops tracking a tuple
+of atomic values at its first collection, never a NamedTuple, and the rows of a large
+read live as long as their chunk: as objects they would make every full collection
+longer and more frequent."""
+
+
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     """Where an append ended: the last event's global position, the stream's new version."""
@@ -165,7 +174,12 @@ class EventStoreBackend(EventStore, Protocol):
     """A store of this package: the interface plus batch appends and forwarder state."""
 
     reads: int
-    """How many times read_all was called (restarts must not re-read the store)."""
+    """How many times read_all or read_rows was called (restarts must not re-read the
+    store)."""
+
+    async def read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
+        """What :meth:`read_all` returns, as :data:`StoredRow` tuples (the replay's read)."""
+        ...
 
     async def append_many(self, appends: Sequence[Append]) -> BatchResult:
         """Appends in order in one transaction, stopping at the first one that fails."""

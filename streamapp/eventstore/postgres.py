@@ -38,6 +38,7 @@ from .base import (
     BatchResult,
     ParkedRecord,
     StoredEvent,
+    StoredRow,
     decode_headers,
     encode_headers,
     plan_batch,
@@ -166,6 +167,18 @@ class PostgresEventStore:
             "ORDER BY position LIMIT %s",
             (from_position, limit),
         )
+
+    async def read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
+        self.reads += 1
+        async with self._lock:
+            cur = await self._conn.execute(
+                "SELECT position, stream_id, payload FROM streamapp_events "
+                "WHERE position >= %s ORDER BY position LIMIT %s",
+                (from_position, limit),
+                binary=True,
+            )
+            rows: list[StoredRow] = await cur.fetchall()
+        return rows
 
     async def read_stream(self, stream_id: str) -> list[StoredEvent]:
         return await self._select(

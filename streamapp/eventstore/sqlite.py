@@ -36,6 +36,7 @@ from .base import (
     BatchResult,
     ParkedRecord,
     StoredEvent,
+    StoredRow,
     decode_headers,
     encode_headers,
     parse_url,
@@ -118,6 +119,10 @@ class SqliteEventStore:
     async def read_all(self, from_position: int, limit: int) -> list[StoredEvent]:
         self.reads += 1
         return await self._run(self._read_all, from_position, limit)
+
+    async def read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
+        self.reads += 1
+        return await self._run(self._read_rows, from_position, limit)
 
     async def read_stream(self, stream_id: str) -> list[StoredEvent]:
         def read() -> list[StoredEvent]:
@@ -226,6 +231,14 @@ class SqliteEventStore:
             (from_position, limit),
         ).fetchall()
         return list(map(_make, rows))
+
+    def _read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
+        rows: list[StoredRow] = self._conn.execute(
+            "SELECT position, stream_id, payload FROM streamapp_events "
+            "WHERE position >= ? ORDER BY position LIMIT ?",
+            (from_position, limit),
+        ).fetchall()
+        return rows
 
     def _append_many(self, appends: Sequence[Append]) -> BatchResult:
         conn = self._conn

@@ -154,11 +154,11 @@ class RabbitSource:
     def _task(self, spec: TopicSpec, p: int) -> PartitionTask:
         settings, topic = self.settings, spec.name
         name = f"{topic}[{p}]"
-        timeout = settings.store_open_timeout_s
+        timeout, cache_keys = settings.store_open_timeout_s, settings.table_cache_keys
 
         def open_store(agent: Agent, spaces: list[str]) -> Store:
             path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
-            return RocksStore(path, spaces, open_timeout_s=timeout)
+            return RocksStore(path, spaces, open_timeout_s=timeout, cache_keys=cache_keys)
 
         assert self._connection is not None
         task: PartitionTask

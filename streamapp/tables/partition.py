@@ -72,18 +72,19 @@ class PartitionTables:
         ]
         self._views_by_name = {view.table.name: view for view in self.views}
         self.checkpoint = Checkpoint.decode(store.get(META, CHECKPOINT_KEY), where)
-        self._vbatch: dict[bytes, int] = {}
-        self._vevent: dict[bytes, int] = {}
+        self._vbatch: dict[str, int] = {}
+        self._vevent: dict[str, int] = {}
+        self._read_version = store.reader(VERSIONS)
 
     def applied_version(self, stream_id: str) -> int:
         """The last stream version applied for ``stream_id`` (0: none)."""
-        key = stream_id.encode()
-        version = self._vevent.get(key)
+        version = self._vevent.get(stream_id)
         if version is None:
-            version = self._vbatch.get(key)
-        if version is not None:
-            return version
-        return decode_version(self.store.get(VERSIONS, key))
+            version = self._vbatch.get(stream_id)
+            if version is None:
+                raw = self._read_version(stream_id.encode())
+                return 0 if raw is None else int.from_bytes(raw, "big")
+        return version
 
     def committed_version(self, stream_id: str) -> int:
         """The last stream version of ``stream_id`` in the store (the committed state
@@ -91,7 +92,7 @@ class PartitionTables:
         return decode_version(self.store.get(VERSIONS, stream_id.encode()))
 
     def record_version(self, stream_id: str, version: int) -> None:
-        self._vevent[stream_id.encode()] = version
+        self._vevent[stream_id] = version
 
     def view(self, table: str) -> TableView[Any]:
         """This partition's view of ``table``."""
@@ -111,7 +112,8 @@ class PartitionTables:
 
     def take_batch(self, checkpoint: Checkpoint) -> BatchChanges:
         """The open batch's changes, to hold with ``checkpoint`` (the overlays are emptied)."""
-        versions, self._vbatch = self._vbatch, {}
+        versions = {sid.encode(): version for sid, version in self._vbatch.items()}
+        self._vbatch = {}
         data = {view.table.name: view._take_batch() for view in self.views}
         return BatchChanges(data=data, versions=versions, checkpoint=checkpoint)
 

@@ -1,14 +1,14 @@
 """Tables: typed key/value state of an agent, partitioned like its source.
 
 A :class:`Table` is a declaration. During a batch, the agent sees a :class:`TableView`
-of one partition: reads and writes hit an in-memory overlay (one layer per event, one
-per batch), and the batch's changes reach the store in one atomic write together with
-the checkpoint (see :mod:`streamapp.tables.partition`).
+of one partition: reads and writes hit an in-memory overlay (the batch's changes, with
+an undo record per write of the current event), and the batch's changes reach the store
+in one atomic write together with the checkpoint (see :mod:`streamapp.tables.partition`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
@@ -80,11 +80,14 @@ class TableView(Generic[V]):
 
     __slots__ = (
         "_batch",
-        "_event",
+        "_dumps",
+        "_loads",
         "_owned",
         "_partitions",
+        "_read",
         "_space",
         "_store",
+        "_undo",
         "codec",
         "partition",
         "table",
@@ -95,36 +98,53 @@ class TableView(Generic[V]):
     ) -> None:
         self.table = table
         self.codec = table.codec
+        self._loads: Callable[[bytes], Any] = self.codec.loads
+        self._dumps: Callable[[Any], bytes] = self.codec.dumps
+        if type(self.codec) is JsonCodec:  # its methods are orjson's: one Python call less
+            self._loads, self._dumps = orjson.loads, orjson.dumps
         self.partition = partition
         self._partitions = partitions
         self._store = store
         self._space = table.data_space
+        self._read = store.reader(self._space)
         self._batch: dict[bytes, bytes | None] = {}
-        self._event: dict[bytes, bytes | None] = {}
+        """The open batch's changes, the current event's included."""
+        self._undo: list[tuple[bytes, bytes | None]] = []
+        """What the current event's writes replaced in ``_batch`` (``_MISSING``: nothing),
+        so that a failed event is rolled back and a good one costs nothing to keep."""
         self._owned: set[bytes] = set()
         """Keys already checked to belong to this partition (murmur2 is ~3 us a key)."""
 
     def get(self, key: str, default: Any = None) -> V | Any:
-        raw = self._raw(key.encode())
-        return default if raw is None else self.codec.loads(raw)
+        raw = key.encode()
+        value = self._batch.get(raw, _MISSING)
+        if value is _MISSING:
+            value = self._read(raw)
+        return default if value is None else self._loads(value)
 
     def __getitem__(self, key: str) -> V:
         raw = self._raw(key.encode())
         if raw is None:
             raise KeyError(key)
-        return self.codec.loads(raw)
+        loaded: V = self._loads(raw)
+        return loaded
 
     def __setitem__(self, key: str, value: V) -> None:
         raw = key.encode()
         if raw not in self._owned and self._partitions is not None:
             self._check_owned(key, raw)
-        self._event[raw] = self.codec.dumps(value)
+        encoded = self._dumps(value)
+        batch = self._batch
+        self._undo.append((raw, batch.get(raw, _MISSING)))
+        batch[raw] = encoded
 
     def __delitem__(self, key: str) -> None:
         raw = key.encode()
         if raw not in self._owned and self._partitions is not None:
             self._check_owned(key, raw)
-        self._event[raw] = None
+        batch = self._batch
+        self._undo.append((raw, batch.get(raw, _MISSING)))
+        batch[raw] = None
 
     def _check_owned(self, key: str, raw: bytes) -> None:
         assert self._partitions is not None
@@ -151,29 +171,41 @@ class TableView(Generic[V]):
         while True:
             rows = scan(self._store, self._space, prefix=prefix.encode(), after=after, limit=page)
             for key, raw in rows:
-                yield key.decode(), self.codec.loads(raw)
+                yield key.decode(), self._loads(raw)
             if len(rows) < page:
                 return
             after = rows[-1][0]
 
     def _raw(self, key: bytes) -> bytes | None:
-        raw = self._event.get(key, _MISSING)
+        raw: bytes | None = self._batch.get(key, _MISSING)
         if raw is _MISSING:
-            raw = self._batch.get(key, _MISSING)
-            if raw is _MISSING:
-                return self._store.get(self._space, key)
-        value: bytes | None = raw
-        return value
+            return self._read(key)
+        return raw
 
     # The partition runner drives the layers:
     def _commit_event(self) -> None:
-        if self._event:
-            self._batch.update(self._event)
-            self._event.clear()
+        if self._undo:
+            self._undo.clear()
 
     def _rollback_event(self) -> None:
-        self._event.clear()
+        undo, batch = self._undo, self._batch
+        while undo:
+            key, replaced = undo.pop()
+            if replaced is _MISSING:
+                del batch[key]
+            else:
+                batch[key] = replaced
 
     def _take_batch(self) -> dict[bytes, bytes | None]:
         changes, self._batch = self._batch, {}
+        undo, self._undo = self._undo, []
+        if undo:  # an event is open: its writes stay open, and out of the batch taken
+            keys = dict.fromkeys(key for key, _ in undo)
+            self._batch = {key: changes[key] for key in keys}
+            self._undo = [(key, _MISSING) for key in keys]
+            for key, replaced in reversed(undo):
+                if replaced is _MISSING:
+                    del changes[key]
+                else:
+                    changes[key] = replaced
         return changes

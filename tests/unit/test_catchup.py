@@ -8,7 +8,7 @@ records every batch so that two batches in flight at once would show.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +163,102 @@ async def test_appends_racing_the_handover_never_reach_a_live_partition(tmp_path
 
 def _ev(eid: str, stream_id: str) -> Event:
     return Event.create("x", stream_id=stream_id, id=eid)
+
+
+async def test_a_replayed_event_failing_mid_chunk_is_retried_from_it_and_applied_once(
+    tmp_path: Path,
+) -> None:
+    """Two partitions share each chunk; an event of one fails twice under Redeliver. The
+    reads that follow hand that partition only what follows its checkpoint, so every
+    event is handled once (the failed one three times) and counted once."""
+    from streamapp.outcomes import Redeliver
+    from streamapp.partitioner import partition_for
+    from streamapp.tables.store import RocksStore
+
+    streams = [f"s{i}" for i in range(12)]
+    assert {partition_for(s.encode(), 2) for s in streams} == {0, 1}
+    fails = {"left": 2}
+    handled: list[str] = []
+
+    async def handler(event: Event, view: TableView[int]) -> None:
+        handled.append(event.id)
+        sid = event.stream_id
+        assert sid is not None
+        view[sid] = view.get(sid, 0) + 1
+        if event.id == "e150" and fails["left"]:
+            fails["left"] -= 1
+            raise RuntimeError("not yet")  # its write is rolled back
+
+    agent = Agent(
+        "a",
+        handler,
+        TopicSpec("topic", 2),
+        (TABLE,),
+        on_failure=Redeliver(pause_s=0.0),
+        history=FromEventStore(),
+    )
+    store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
+    appends = [Append(streams[i % 12], [_ev(f"e{i}", streams[i % 12])]) for i in range(400)]
+    await store.append_many(appends)
+    feed = StoreFeed(store, chunk=100, poll_s=0.01)
+
+    async def park(delivery: Delivery, reason: str) -> bool:
+        return False
+
+    def opener(p: int) -> Callable[[Agent, list[str]], RocksStore]:
+        return lambda agent, spaces: RocksStore(tmp_path / str(p), spaces)
+
+    tasks = [
+        PartitionTask(
+            agent,
+            p,
+            LivePort(),
+            name=f"topic[{p}]",
+            config=TaskConfig(redeliver_pause_s=0.0),
+            decode=lambda d: codec.decode(d.key, d.value, d.headers),
+            park=lambda agent: park,
+            open_store=opener(p),
+            history=feed,
+        )
+        for p in (0, 1)
+    ]
+    feed.start()
+    for task in tasks:
+        task.start()
+    try:
+        for _ in range(500):
+            if all(t.phase is Phase.LIVE for t in tasks):
+                break
+            await asyncio.sleep(0.01)
+        assert all(t.phase is Phase.LIVE for t in tasks)
+        assert fails["left"] == 0
+        assert sorted(handled) == sorted([f"e{i}" for i in range(400)] + ["e150"] * 2)
+        counts: dict[str, int] = {}
+        for task in tasks:
+            assert task.tables is not None
+            assert task.tables.checkpoint.history == 401
+            for key, value in task.tables.views[0].items():
+                assert partition_for(key.encode(), 2) == task.partition
+                counts[key] = value
+        assert counts == {s: sum(1 for a in appends if a.stream_id == s) for s in streams}
+    finally:
+        for task in tasks:
+            await task.close()
+        await feed.stop()
+        await store.close()
+
+
+def test_a_share_iterates_indexes_and_slices_as_deliveries() -> None:
+    from streamapp.catchup import Share, StoredDelivery
+
+    rows = [(10, "a", b"A"), (11, "b", b"B"), (12, "c", b"C"), (13, "d", b"D")]
+    share = Share(rows, [0, 2, 3], "topic", 5)
+    assert len(share) == 3
+    assert list(share) == [share[0], share[1], share[2]]
+    assert share[1] == StoredDelivery(12, "c", b"C", "topic", 5, ())
+    assert share[1].key == b"c"
+    assert share[1].headers == ()
+    tail = share[1:]
+    assert [d.position for d in tail] == [12, 13]
+    assert tail[0].topic == "topic"
+    assert tail[0].partition == 5

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamapp import catchup
-from streamapp.eventstore.base import StoredEvent
+from streamapp.eventstore.base import StoredRow
 
 
 class _Feed:
@@ -18,8 +18,8 @@ class _Feed:
         self._waiting: dict[Any, Any] = {"task": object()}
 
 
-def rows(start: int, n: int) -> list[StoredEvent]:
-    return [StoredEvent(p, "s", 1, b"{}") for p in range(start, start + n)]
+def rows(start: int, n: int) -> list[StoredRow]:
+    return [(p, "s", b"{}") for p in range(start, start + n)]
 
 
 def test_progress_logs_events_rate_and_eta(

@@ -120,6 +120,19 @@ class EventStoreContract:
         await store.read_all(1, 1)
         assert store.reads == reads + 1
 
+    async def test_read_rows_are_read_all_as_plain_tuples(self, store: EventStoreBackend) -> None:
+        for i in range(7):
+            await store.append(f"s{i % 3}", [ev(f"s{i % 3}", i)])
+        assert await store.read_rows(8, 10) == []
+        for start, limit in ((1, 100), (3, 2), (6, 5)):
+            rows = await store.read_rows(start, limit)
+            assert all(type(row) is tuple for row in rows)  # not NamedTuples: see StoredRow
+            events = await store.read_all(start, limit)
+            assert rows == [(r.position, r.stream_id, r.payload) for r in events]
+        reads = store.reads
+        await store.read_rows(1, 1)
+        assert store.reads == reads + 1
+
     async def test_read_stream_in_version_order(self, store: EventStoreBackend) -> None:
         await store.append("a", [ev("a", 1)])
         await store.append("b", [ev("b", 2)])

@@ -253,3 +253,9 @@ def _known(variable: str) -> bool:
     except ConfigError as exc:  # a value refused is fine; the name must be known
         return "names no setting" not in str(exc)
     return True
+
+
+def test_table_cache_keys_may_be_zero_not_negative() -> None:
+    assert Settings(app_id="a", table_cache_keys=0).table_cache_keys == 0
+    with pytest.raises(ConfigError, match="table_cache_keys"):
+        Settings(app_id="a", table_cache_keys=-1)

@@ -215,3 +215,77 @@ def test_rocks_store_with_undeclared_spaces_is_refused_clearly(tmp_path: Path) -
     old.close()
     with pytest.raises(StoreFormatError, match="Remove the directory"):
         RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)
+
+
+def test_rocks_read_cache_is_bounded_and_exact(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1, cache_keys=4)
+    try:
+        store.write({"t:a": {f"k{i}".encode(): f"v{i}".encode() for i in range(10)}})
+        for _ in range(2):
+            for i in range(12):
+                want = f"v{i}".encode() if i < 10 else None
+                assert store.get("t:a", f"k{i}".encode()) == want
+        store.write({"t:a": {b"k3": None, b"k4": b"new"}})
+        assert store.get("t:a", b"k3") is None
+        assert store.get("t:a", b"k4") == b"new"
+        assert all(len(cached) <= 4 for cached in store._cache.values())
+    finally:
+        store.close()
+
+
+def test_rocks_write_that_raises_leaves_no_stale_cached_value(tmp_path: Path) -> None:
+    """A write whose outcome is unknown (it raised, yet may have landed): reads go to
+    RocksDB again instead of trusting what was cached before it."""
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)
+    real = store._db
+
+    class LandsThenRaises:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def write(self, batch: object, options: object) -> None:
+            real.write(batch, options)
+            raise RuntimeError("lost the answer")
+
+    try:
+        store.write({"t:a": {b"k": b"old"}})
+        assert store.get("t:a", b"k") == b"old"
+        store._db = LandsThenRaises()
+        with pytest.raises(RuntimeError):
+            store.write({"t:a": {b"k": b"new"}})
+        store._db = real
+        assert store.get("t:a", b"k") == b"new"
+    finally:
+        store._db = real
+        store.close()
+
+
+def test_rocks_without_a_read_cache_reads_rocksdb_each_time(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1, cache_keys=0)
+    try:
+        store.write({"t:a": {b"k": b"v"}})
+        read = store.reader("t:a")
+        assert read(b"k") == b"v"
+        assert read(b"absent") is None
+        assert store.get("t:a", b"k") == b"v"
+        assert all(len(cached) == 0 for cached in store._cache.values())
+    finally:
+        store.close()
+
+
+def test_rocks_reader_stays_valid_across_wipe_and_fails_clearly_after_close(
+    tmp_path: Path,
+) -> None:
+    from streamapp.errors import StoreClosedError
+
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)
+    read = store.reader("t:a")
+    store.write({"t:a": {b"k": b"v"}})
+    assert read(b"k") == b"v"
+    store.wipe()
+    assert read(b"k") is None
+    store.write({"t:a": {b"k": b"again"}})
+    assert read(b"k") == b"again"
+    store.close()
+    with pytest.raises(StoreClosedError):
+        read(b"other")

@@ -325,3 +325,41 @@ def test_changelog_records_restore_into_an_empty_partition(
     assert fresh.applied_version("a") == 5
     cp = fresh.checkpoint
     assert (cp.live, cp.history, cp.caught_up, cp.changelog) == (40, 12, True, len(recs))
+
+
+def test_rollback_undoes_every_write_of_the_event_in_reverse(pt: PartitionTables) -> None:
+    """Several writes and a delete of one key in a failed event: the batch's value of
+    before the event comes back; a key the event created and deleted stays absent."""
+    status = pt.views[0]
+    status["a"] = "batch"
+    pt.commit_event()
+    status["a"] = "one"
+    status["a"] = "two"
+    del status["a"]
+    status["new"] = "x"
+    del status["new"]
+    status["new2"] = "y"
+    assert "a" not in status
+    pt.rollback_event()
+    assert status["a"] == "batch"
+    assert "new" not in status
+    assert "new2" not in status
+    assert pt.take_batch(Checkpoint(live=1)).data["status"] == {b"a": orjson.dumps("batch")}
+
+
+def test_an_event_open_across_take_batch_stays_open_and_can_roll_back(
+    pt: PartitionTables, store: MemoryStore
+) -> None:
+    status = pt.views[0]
+    status["a"] = "committed"
+    pt.commit_event()
+    status["a"] = "open"
+    status["b"] = "open"
+    batch = pt.take_batch(Checkpoint(live=1))
+    assert batch.data["status"] == {b"a": orjson.dumps("committed")}
+    pt.write(batch)
+    assert status["a"] == "open"
+    pt.rollback_event()
+    assert status["a"] == "committed"  # from the store now
+    assert "b" not in status
+    assert pt.take_batch(Checkpoint(live=2)).empty
