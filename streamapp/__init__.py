@@ -13,7 +13,7 @@ from .errors import (
 )
 from .events import Event
 from .history import FromEventStore
-from .outcomes import FailurePolicy, Outcome, Park, Redeliver
+from .outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
 from .outputs import Send
 from .settings import Backoff, Settings
 from .tables.reads import ReadView
@@ -36,6 +36,7 @@ __all__ = [
     "PublishError",
     "ReadView",
     "Redeliver",
+    "Retry",
     "Send",
     "Settings",
     "StoreLockedError",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .app import App
+from .app import App, refuse_chain
 from .catchup import StoreFeed
 from .engine.source import LiveSource
 from .errors import ConfigError, ShutdownTimeoutError
@@ -53,6 +53,7 @@ class Worker:
         self._web: web.AppRunner | None = None
         self.metrics = WorkerMetrics()
         self._stop = asyncio.Event()
+        refuse_chain(app, settings.broker)
         for agent in app.agents.values():
             if agent.sinks and settings.broker == "none":
                 raise ConfigError(
