@@ -14,7 +14,7 @@ from .errors import (
 )
 from .events import Event
 from .history import FromEventStore
-from .outcomes import FailurePolicy, Outcome, Park, Redeliver
+from .outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
 from .outputs import Send
 from .settings import Backoff, Settings
 from .tables.reads import ReadView
@@ -38,6 +38,7 @@ __all__ = [
     "ReadView",
     "Redeliver",
     "Refuse",
+    "Retry",
     "Send",
     "Settings",
     "StoreLockedError",

@@ -16,7 +16,7 @@ from .binding import bind_tables
 from .errors import ConfigError
 from .events import Event
 from .history import History
-from .outcomes import FailurePolicy, Redeliver, parking
+from .outcomes import FailurePolicy, Redeliver, Retry, parking
 from .repartition import (
     GroupBy,
     KeyFunction,
@@ -44,6 +44,13 @@ class TopicRole(enum.StrEnum):
     REPARTITION = "repartition"
     """Internal: a re-keyed agent's forwarder sends to it, the agent consumes it
     (``group_by=``)."""
+    RETRY = "retry"
+    """Copies of failed records waiting for the relay (``Retry``: ``{topic}-retry``)."""
+    DEAD_LETTER = "dead-letter"
+    """Records whose retries are spent (``Retry``: ``{topic}-dlq``)."""
+    DELAY = "delay"
+    """Derived events sent with a delay, waiting for the relay (``{topic}-delay``,
+    setting ``delayed_policy=relay``)."""
     MEMBERS = "members"
     """Where workers say which partitions they own (views forward through it)."""
 
@@ -56,6 +63,28 @@ class TopicPlan:
     partitions: int
     compacted: bool = False
     role: TopicRole = TopicRole.SOURCE
+
+
+def delay_topic(topic: str) -> str:
+    """Where derived events for ``topic`` sent with a delay wait (``delayed_policy=relay``)."""
+    return f"{topic}-delay"
+
+
+def relayed(plan: list[TopicPlan]) -> list[TopicPlan]:
+    """The topics of ``plan`` the relay consumes (retry and delay topics)."""
+    return [p for p in plan if p.role in (TopicRole.RETRY, TopicRole.DELAY)]
+
+
+def refuse_chain(app: App, broker: str) -> None:
+    """ConfigError when an agent uses the retry chain on a broker that has none yet."""
+    for agent in app.agents.values():
+        if isinstance(agent.on_failure, Retry) and broker != "kafka":
+            raise ConfigError(
+                f"agent {agent.name!r} (topic {agent.topic.name!r}) uses "
+                f"on_failure=Retry(...), but setting broker (STREAMAPP_BROKER) = {broker!r} "
+                "has no retry chain yet (it runs on kafka and the memory broker): use "
+                "Park(destination) or Redeliver(max_attempts=..., fallback=Park(...)) there"
+            )
 
 
 class App:
@@ -325,8 +354,9 @@ class App:
         their views answer (views forward a key to its owner through it)."""
         return f"{self.id}-members"
 
-    def topic_plan(self) -> list[TopicPlan]:
-        """Every topic the app reads or writes, with partitions and cleanup policy."""
+    def topic_plan(self, delayed_policy: str = "immediate") -> list[TopicPlan]:
+        """Every topic the app reads or writes, with partitions and cleanup policy
+        (``delayed_policy``: the setting; ``relay`` adds a delay topic per sink)."""
         plan: dict[str, TopicPlan] = {}
         for agent in self.agents.values():
             src = agent.topic
@@ -347,6 +377,17 @@ class App:
             if park is not None:
                 dest = park.destination
                 plan.setdefault(dest, TopicPlan(dest, src.partitions, role=TopicRole.PARKING))
+            policy = agent.on_failure
+            if isinstance(policy, Retry):
+                retry = policy.retry_topic(src.name)
+                if retry is not None:
+                    plan.setdefault(retry, TopicPlan(retry, src.partitions, role=TopicRole.RETRY))
+                dlq = policy.dlq_topic(src.name)
+                plan.setdefault(dlq, TopicPlan(dlq, src.partitions, role=TopicRole.DEAD_LETTER))
+            if delayed_policy == "relay":
+                for sink in agent.sinks:
+                    name = delay_topic(sink.name)
+                    plan.setdefault(name, TopicPlan(name, sink.partitions, role=TopicRole.DELAY))
         if plan:
             members = self.members_topic
             plan[members] = TopicPlan(members, 1, compacted=True, role=TopicRole.MEMBERS)

@@ -157,7 +157,7 @@ def topics_create(app_ref: str) -> None:
             from .kafka.topics import create_topics
 
             created = asyncio.run(create_topics(app, settings))
-            wanted = app.topic_plan()
+            wanted = app.topic_plan(settings.delayed_policy)
         else:
             raise click.ClickException(
                 f"setting broker (STREAMAPP_BROKER) = {settings.broker!r} has no topics; "

@@ -7,6 +7,8 @@ is settled as done only when DELIVERED, FILTERED, or after a confirmed park.
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -75,11 +77,45 @@ class Park:
     destination: str
 
 
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """The retry chain: retries that never hold the partition for long.
+
+    A failed delivery is tried again in place after each of ``intervals`` (seconds);
+    then a copy goes to ``{topic}{retry_suffix}`` with the chain's headers (failures so
+    far, round trip, due time, origin topic) and the original counts as settled once
+    that copy is committed with the batch. The worker's relay republishes the copy to
+    the origin topic when it is due, after ``backoff[hop - 1]`` seconds (beyond the
+    table, its last value), and the chain starts again there, counting on. After
+    ``max_reconsume + 1`` failures in all, the record goes to ``{topic}{dlq_suffix}``
+    with the reason. An empty ``retry_suffix`` disables the retry topic: inline
+    retries, then the dead-letter topic.
+    """
+
+    intervals: tuple[float, ...] = (0.1, 0.5)
+    max_reconsume: int = 16
+    backoff: tuple[float, ...] = (1, 5, 10, 30, 60, 120, 180, 240)
+    retry_suffix: str = "-retry"
+    dlq_suffix: str = "-dlq"
+
+    def retry_topic(self, topic: str) -> str | None:
+        """Where copies of ``topic``'s failed records wait (None: no retry topic)."""
+        return f"{topic}{self.retry_suffix}" if self.retry_suffix else None
+
+    def dlq_topic(self, topic: str) -> str:
+        """Where ``topic``'s records go once their failures are spent."""
+        return f"{topic}{self.dlq_suffix}"
+
+    def backoff_s(self, hop: int) -> float:
+        """The wait before round trip ``hop`` (1-based) comes back to the origin topic."""
+        return float(self.backoff[min(max(hop, 1), len(self.backoff)) - 1])
+
+
 Fallback = Park
 """The policies a bounded :class:`Redeliver` may fall back to: every policy but Redeliver
 (the dead-letter step of the retry chain joins them)."""
 
-FailurePolicy = Redeliver | Fallback
+FailurePolicy = Redeliver | Fallback | Retry
 
 
 def parking(policy: FailurePolicy) -> Park | None:
@@ -99,8 +135,14 @@ def check_policy(policy: object, agent: str) -> None:
         if not isinstance(policy.destination, str) or not policy.destination.strip():
             raise bad("the parking destination must be a non-blank name")
         return
+    if isinstance(policy, Retry):
+        _check_retry(policy, bad)
+        return
     if not isinstance(policy, Redeliver):
-        raise bad("a failure policy is Redeliver(...) or Park(destination)")
+        raise bad(
+            "a failure policy is Redeliver(...) or Park(destination), or Retry(...) for "
+            "the retry chain"
+        )
     if policy.pause_s is not None and not policy.pause_s >= 0:
         raise bad("pause_s must be zero or more seconds (None: the poll timeout)")
     attempts: object = policy.max_attempts
@@ -122,3 +164,29 @@ def check_policy(policy: object, agent: str) -> None:
         raise bad("the fallback must be a policy other than Redeliver, e.g. Park(destination)")
     if not isinstance(fallback.destination, str) or not fallback.destination.strip():
         raise bad("the fallback's parking destination must be a non-blank name")
+
+
+def _check_retry(policy: Retry, bad: Callable[[str], ConfigError]) -> None:
+    def seconds(name: str, values: object, *, empty: bool) -> None:
+        if not isinstance(values, tuple) or (not values and not empty):
+            need = "a tuple of seconds" + ("" if empty else ", at least one")
+            raise bad(f"{name} must be {need}, e.g. {name}=(0.1, 0.5)")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(f"{name} holds {v!r}: give seconds as numbers")
+            if v < 0:
+                raise bad(f"{name} holds {v!r}: waits are zero or more seconds")
+
+    seconds("intervals", policy.intervals, empty=True)
+    seconds("backoff", policy.backoff, empty=False)
+    n: object = policy.max_reconsume
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise bad("max_reconsume must be an integer of 0 or more (failures allowed: it + 1)")
+    for name in ("retry_suffix", "dlq_suffix"):
+        suffix: object = getattr(policy, name)
+        if not isinstance(suffix, str) or suffix != suffix.strip():
+            raise bad(f"{name} must be a string without spaces, e.g. '-retry'")
+    if not policy.dlq_suffix:
+        raise bad("dlq_suffix must not be empty: the dead-letter topic is {topic}{dlq_suffix}")
+    if policy.retry_suffix == policy.dlq_suffix:
+        raise bad("retry_suffix and dlq_suffix must differ (two topics)")

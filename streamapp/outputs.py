@@ -17,6 +17,8 @@ partitioner gives it among the topic's declared partitions.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -28,6 +30,8 @@ from .sink import Message
 if TYPE_CHECKING:
     from .agent import TopicSpec
 
+log = logging.getLogger("streamapp.agent")
+
 Encoder = Callable[[Event], tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]
 """``event -> (key, value, headers)`` in a transport's wire format (binary content mode)."""
 
@@ -37,18 +41,25 @@ class Send:
 
     ``topic`` is one of the agent's ``sinks=[...]`` (the spec ``app.topic(...)`` returned,
     or its name). The event is buffered, not published: it goes out with the batch's
-    commit, and never when the handler raises.
+    commit, and never when the handler raises. ``delay_s`` asks for a delivery that
+    many seconds later; setting ``delayed_policy`` decides: ``immediate`` (sent now, with
+    a warning), ``reject`` (OutputError: the send fails), ``relay`` (held in
+    ``{topic}-delay`` until due, then republished to ``topic`` by the relay).
     """
 
-    __slots__ = ("_agent", "_encode", "_outbox", "_sinks")
+    __slots__ = ("_agent", "_encode", "_outbox", "_sinks", "clock", "delayed_policy")
 
     def __init__(
         self, agent: str, sinks: Sequence[TopicSpec], encode: Encoder, outbox: Outbox
     ) -> None:
         self._agent, self._encode, self._outbox = agent, encode, outbox
         self._sinks = {spec.name: spec for spec in sinks}
+        self.delayed_policy = "immediate"
+        self.clock: Callable[[], float] = time.time
 
-    def __call__(self, topic: TopicSpec | str, event: Event) -> None:
+    def __call__(
+        self, topic: TopicSpec | str, event: Event, *, delay_s: float | None = None
+    ) -> None:
         name = topic if isinstance(topic, str) else getattr(topic, "name", None)
         spec = self._sinks.get(name) if isinstance(name, str) else None
         if spec is None:
@@ -70,7 +81,34 @@ class Send:
             )
         key, value, headers = self._encode(event)
         partition = partition_for(sid.encode(), spec.partitions)
-        self._outbox.add(Message(spec.name, value, key, headers, partition))
+        message = Message(spec.name, value, key, headers, partition)
+        if delay_s is not None and delay_s > 0:
+            message = self._delayed(message, event, delay_s)
+        self._outbox.add(message)
+
+    def _delayed(self, message: Message, event: Event, delay_s: float) -> Message:
+        policy, topic = self.delayed_policy, message.topic
+        if policy == "reject":
+            raise OutputError(
+                f"agent {self._agent!r}: send({topic!r}, ..., delay_s={delay_s:g}) refused: "
+                "setting delayed_policy (STREAMAPP_DELAYED_POLICY) = 'reject'. Set it to "
+                "'relay' (and run `streamapp topics create` for the delay topics) or "
+                "'immediate', or send without delay_s"
+            )
+        if policy == "relay":
+            from .app import delay_topic
+            from .engine.chain import delayed
+
+            return delayed(message, delay_topic(topic), self.clock() * 1000, delay_s)
+        log.warning(
+            "agent %s: event %s to %s sent now, not in %gs: setting delayed_policy is "
+            "'immediate' (set it to 'relay' for delayed delivery)",
+            self._agent,
+            event.id,
+            topic,
+            delay_s,
+        )
+        return message
 
     def rekeyed(self, topic: TopicSpec, event: Event, key: str) -> None:
         """Buffer ``event`` for ``topic`` keyed by ``key`` instead of its stream id (its
@@ -96,6 +134,10 @@ class Outbox:
 
     def add(self, message: Message) -> None:
         self._event.append(message)
+
+    def settle(self, message: Message) -> None:
+        """Add ``message`` to the open batch at once (a copy of the retry chain)."""
+        self._batch.append(message)
 
     def commit_event(self) -> None:
         if self._event:

@@ -17,6 +17,7 @@ from .errors import ConfigError
 
 ENV_PREFIX = "STREAMAPP_"
 BROKERS = ("kafka", "rabbitmq", "none")
+DELAYED_POLICIES = ("immediate", "reject", "relay")
 NOT_SETTINGS = frozenset(
     {
         # scripts/services: where and how the local Kafka, RabbitMQ and PostgreSQL run
@@ -100,6 +101,10 @@ class Settings:
     """The longest pause before a redelivery: under Redeliver, the pauses before the
     attempts of one failing delivery double from the first (``Redeliver.pause_s``,
     default ``poll_timeout_ms``) up to this (a longer first pause is kept)."""
+    delayed_policy: str = "immediate"
+    """What ``send(topic, event, delay_s=...)`` does: ``immediate`` sends at once and
+    warns; ``reject`` fails the send (the handler's failure policy applies); ``relay``
+    holds it in ``{topic}-delay`` until due, and the relay republishes it."""
     max_batch_records: int = 2000
     batch_budget_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
@@ -184,6 +189,8 @@ class Settings:
         from .eventstore.base import parse_url  # raises ConfigError naming the setting
 
         parse_url(self.event_store)
+        if self.delayed_policy not in DELAYED_POLICIES:
+            raise bad("delayed_policy", f"must be one of {', '.join(DELAYED_POLICIES)}")
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise bad("auto_offset_reset", "must be 'earliest' or 'latest'")
         if not self.kafka_bootstrap.strip():

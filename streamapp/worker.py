@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .app import App
+from .app import App, refuse_chain, relayed
 from .catchup import StoreFeed
 from .engine.source import LiveSource
 from .errors import ConfigError, ShutdownTimeoutError
@@ -31,6 +31,7 @@ from .web.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
     from .kafka.members import KafkaMembers
+    from .kafka.relay import KafkaRelay
 from .web.views import make_app
 
 log = logging.getLogger("streamapp.worker")
@@ -51,10 +52,12 @@ class Worker:
         self.source: LiveSource | None = None
         self.sink: Sink | None = None
         self.members: KafkaMembers | None = None
+        self.relay: KafkaRelay | None = None
         self._web: web.AppRunner | None = None
         self.metrics = WorkerMetrics()
         self._stop = asyncio.Event()
         refuse_broker(app.agents.values(), settings.broker)
+        refuse_chain(app, settings.broker)
         for agent in app.agents.values():
             if agent.sinks and settings.broker == "none":
                 raise ConfigError(
@@ -139,6 +142,14 @@ class Worker:
                     self.app, self.settings, self.source.assignment, self.id, sink
                 )
                 await self.members.start(self.views_url)
+                topics = [
+                    p.name for p in relayed(self.app.topic_plan(self.settings.delayed_policy))
+                ]
+                if topics:
+                    from .kafka.relay import KafkaRelay
+
+                    self.relay = KafkaRelay(self.settings, sink, topics)
+                    await self.relay.start()
         except BaseException:
             await self._shutdown()
             raise
@@ -210,6 +221,8 @@ class Worker:
 
     async def _shutdown(self) -> None:
         try:
+            if self.relay is not None:
+                await self.relay.stop()
             if self.members is not None:
                 await self.members.stop()
             if self.source is not None:
@@ -235,6 +248,8 @@ class Worker:
         watched = [asyncio.create_task(self.source.wait())]
         if self.feed is not None:
             watched.append(asyncio.create_task(self.feed.wait()))
+        if self.relay is not None:
+            watched.append(asyncio.create_task(self.relay.wait()))
         done, _ = await asyncio.wait({stopped, *watched}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         try:

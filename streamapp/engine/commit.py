@@ -111,3 +111,5 @@ class Commit:
         duration = time.perf_counter() - started
         for lane in self.lanes:
             self.metrics.commit(lane.name, duration)
+            if lane.copies:
+                lane.copies_committed(self.metrics)

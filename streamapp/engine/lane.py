@@ -21,6 +21,12 @@ topic over each delivery, in registration order; each agent is a :class:`Lane` t
 - **Refused stops everything.** An agent that raises :class:`~streamapp.Refuse` stops
   the partition at that delivery for every lane (what comes before it commits; it is
   not settled), and the task reports it as fatal, so the worker stops and leaves.
+- **The retry chain** (``Retry``) settles a failed delivery for its lane without holding
+  the partition beyond the inline retries: the lane tries it again after each interval
+  (a wait that a stop ends at once, leaving the delivery unsettled), then puts a copy
+  for the retry or dead-letter topic (:mod:`streamapp.engine.chain`) in its outbox, so
+  the copy commits with the batch. A copy that comes back names its agent; the other
+  lanes, which settled the original, skip it.
 - **Durable positions.** A lane with tables keeps its position in its checkpoint; the
   positions of lanes ahead of the settled one travel with it (Kafka: in the committed
   offset's metadata, in the same transaction), so a restart does not run a delivery
@@ -32,18 +38,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..agent import DELIVERED, UNVERSIONED, Agent, Handled, handle
+from ..errors import DecodeError
+from ..events import Event
 from ..logs import Gate
-from ..outcomes import FailurePolicy, Outcome, Park, Redeliver
+from ..outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
 from ..outputs import Encoder, Outbox, Send
 from ..tables.partition import PartitionTables
+from . import chain
 from .attempts import Attempts
 from .delivery import Decoder, Delivery, Parker, decode_delivery
 from .metrics import NO_METRICS, TaskMetrics
+from .pace import pause
 
 log = logging.getLogger("streamapp.agent")
 
@@ -70,6 +80,18 @@ class Lane:
         if agent.sinks and encode is not None:
             self.outbox = Outbox()
             self.send = Send(agent.name, agent.sinks, encode, self.outbox)
+        if isinstance(agent.on_failure, Retry) and self.outbox is None:
+            self.outbox = Outbox()  # the chain's copies commit with the batch
+        self.stop = asyncio.Event()
+        """Set when the task closes: ends an inline retry's wait at once."""
+        self.waits = True
+        """Wait the inline retries' intervals (the memory broker retries at once)."""
+        self.clock: Callable[[], float] = time.time
+        """Seconds since the epoch: when a retry copy is due."""
+        self.copies: dict[str, int] = {}
+        """Chain copies in the open batch, by kind (counted once committed)."""
+        self.chain_totals: dict[str, int] = {}
+        """Chain copies committed so far, by kind (``retried``, ``dead_lettered``)."""
         self.next: int | None = None
         """The next live position this lane needs, batch in hand included."""
         self.committed: int | None = None
@@ -88,6 +110,14 @@ class Lane:
     def name(self) -> str:
         return self.agent.name
 
+    def configure(
+        self, stop: asyncio.Event, *, waits: bool, clock: Callable[[], float], delayed: str
+    ) -> None:
+        """What the task decides: its close event, waits, clock, the delayed policy."""
+        self.stop, self.waits, self.clock = stop, waits, clock
+        if self.send is not None:
+            self.send.delayed_policy, self.send.clock = delayed, clock
+
     def history_position(self) -> int:
         """The next event-store position this lane needs (1: nothing replayed)."""
         tables = self.tables
@@ -101,7 +131,15 @@ class Lane:
             self.tables.drop_batch()
         if self.outbox is not None:
             self.outbox.drop()
+        self.copies = {}
         self.next = self.committed
+
+    def copies_committed(self, metrics: TaskMetrics) -> None:
+        """The open batch committed: count its chain copies."""
+        for kind, n in self.copies.items():
+            self.chain_totals[kind] = self.chain_totals.get(kind, 0) + n
+            metrics.chained(self.name, kind, n)
+        self.copies = {}
 
 
 @dataclass(slots=True)
@@ -156,6 +194,7 @@ async def run_lanes(
     delivered = [0] * len(lanes)  # the common cases, counted without hashing an enum
     unversioned = [0] * len(lanes)
     spent = [0.0] * len(lanes)
+    chained = len(lanes) > 1 and any(isinstance(lane.agent.on_failure, Retry) for lane in lanes)
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
@@ -167,9 +206,13 @@ async def run_lanes(
                 next_yield = time.monotonic() + YIELD_EVERY_S
         position = record.position
         item: Any = None
+        owner = chain.header(record.headers, chain.AGENT) if chained else None
         for k, lane in enumerate(lanes):
             if reached[k] > position:
                 continue  # settled by this lane already
+            if owner is not None and owner != lane.name.encode():
+                reached[k] = position + 1  # a retry copy for another agent of the topic
+                continue
             if item is None:
                 item = decode_delivery(decode, record)
             started = time.perf_counter()
@@ -181,7 +224,9 @@ async def run_lanes(
                 delivered[k] += 1
                 unversioned[k] += handled is UNVERSIONED
                 reached[k] = position + 1
-            elif await _settled(lane, record, handled, counts[k]):
+                continue
+            settled, handled = await _settled(lane, record, item, handled, counts[k], metrics)
+            if settled:
                 reached[k] = position + 1
             elif handled.outcome is Outcome.UNAVAILABLE:
                 run.unavailable = True
@@ -211,33 +256,99 @@ async def run_lanes(
 
 
 async def _settled(
-    lane: Lane, record: Delivery, handled: Handled, counts: dict[Outcome, int]
-) -> bool:
-    """Count ``handled`` and apply the lane's policy; True when the delivery is settled
-    for this lane (delivered, filtered, or parked with a confirm)."""
+    lane: Lane,
+    record: Delivery,
+    item: Event | DecodeError,
+    handled: Handled,
+    counts: dict[Outcome, int],
+    metrics: TaskMetrics,
+) -> tuple[bool, Handled]:
+    """Count ``handled`` and apply the lane's policy: whether the delivery is settled
+    for this lane (delivered, filtered, parked with a confirm, or copied by the chain),
+    and the outcome of its last attempt (the chain's inline retries make more)."""
     counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
     if handled.outcome.settles:
-        return True
+        return True, handled
     agent = lane.agent
     if handled.outcome is Outcome.REFUSED:
         _log(agent, record, handled, "the agent stops for good", logging.ERROR)
-        return False
+        return False, handled
     if handled.outcome is Outcome.UNAVAILABLE:
         _log(
             agent, record, handled, "will deliver it again after a pause", logging.INFO, trace=False
         )
-        return False
+        return False, handled
+    metrics.failed_attempts(agent.name, 1)
     policy: FailurePolicy = agent.on_failure
+    if isinstance(policy, Retry):
+        return await _chain(lane, record, item, handled, counts, metrics, policy)
     reason, attempt = handled.reason, lane.attempts.before(record) + 1
     if isinstance(policy, Redeliver) and policy.spent(attempt) and policy.fallback:
         policy, reason = policy.fallback, f"gave up after {attempt} attempts: {reason}"
     if isinstance(policy, Park) and await lane.park(record, reason):
         _log(agent, record, handled, "parked", logging.DEBUG)
-        return True
+        metrics.parked(agent.name)
+        return True, handled
     lane.attempts.failed_at(record.position, handled.reason)
     then = f"will redeliver (attempt {attempt}{_of(agent.on_failure)})"
     _log(agent, record, handled, then, logging.WARNING)
-    return False
+    return False, handled
+
+
+async def _chain(
+    lane: Lane,
+    record: Delivery,
+    item: Event | DecodeError,
+    handled: Handled,
+    counts: dict[Outcome, int],
+    metrics: TaskMetrics,
+    policy: Retry,
+) -> tuple[bool, Handled]:
+    """The retry chain for a delivery whose first attempt here failed: inline retries,
+    then a copy to the retry topic, or to the dead-letter topic once ``max_reconsume + 1``
+    failures are spent. Not settled when a stop ended an inline wait, a table read
+    became unavailable, or the agent refused (that attempt's outcome is returned).
+    Inline attempts are counted as failed attempts; the delivery's outcome is its last
+    attempt's."""
+    agent = lane.agent
+    failures, hop = chain.chain_state(record.headers)
+    failures += 1
+    limit = policy.max_reconsume + 1
+    for n, interval in enumerate(policy.intervals, 1):
+        if failures >= limit:
+            break
+        _log(agent, record, handled, f"inline retry {n} in {interval:g}s", logging.WARNING)
+        if lane.waits:
+            await pause(lane.stop, interval)
+        if lane.stop.is_set():
+            _log(agent, record, handled, "stopping: left unsettled", logging.INFO, trace=False)
+            return False, handled
+        first = handled.outcome
+        handled = await handle(agent, item, lane.tables, lane.views, lane.outbox, lane.send)
+        if handled.outcome.settles:  # the delivery's outcome is its last attempt's
+            counts[first] -= 1
+            counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
+            return True, handled
+        if handled.outcome is Outcome.REFUSED:
+            _log(agent, record, handled, "the agent stops for good", logging.ERROR)
+            return False, handled
+        if handled.outcome is Outcome.UNAVAILABLE:
+            return False, handled
+        failures += 1
+        metrics.failed_attempts(agent.name, 1)
+    retry_topic = policy.retry_topic(record.topic)
+    if failures < limit and retry_topic is not None:
+        copy = chain.retry_copy(record, policy, agent.name, failures, hop, lane.clock() * 1000)
+        kind, then = "retried", f"copied to {retry_topic} (failure {failures} of {limit})"
+    else:
+        reason = f"failed {failures} times: {handled.reason}"
+        copy = chain.dead_letter(record, policy, agent.name, failures, hop, reason)
+        kind, then = "dead_lettered", f"dead-lettered to {copy.topic} after {failures} failures"
+    assert lane.outbox is not None
+    lane.outbox.settle(copy)
+    lane.copies[kind] = lane.copies.get(kind, 0) + 1
+    _log(agent, record, handled, then, logging.WARNING)
+    return True, handled
 
 
 _TRACEBACKS = Gate(window_s=60.0)

@@ -30,6 +30,12 @@ class TaskMetrics(Protocol):
     def redelivery(self, agent: str) -> None:
         """A partition stopped at a failure and rewinds to deliver it again."""
 
+    def failed_attempts(self, agent: str, n: int) -> None:
+        """Attempts that failed (handler raised, or not decodable), inline retries included."""
+
+    def chained(self, agent: str, kind: str, n: int) -> None:
+        """Copies of the retry chain committed: ``retried`` or ``dead_lettered``."""
+
     def restored(self, agent: str, records: int) -> None:
         """Changelog records restored into a partition's store."""
 
@@ -53,6 +59,12 @@ class _NoMetrics:
         pass
 
     def redelivery(self, agent: str) -> None:
+        pass
+
+    def failed_attempts(self, agent: str, n: int) -> None:
+        pass
+
+    def chained(self, agent: str, kind: str, n: int) -> None:
         pass
 
     def restored(self, agent: str, records: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,7 +33,7 @@ from ..errors import (
     TableUnavailableError,
 )
 from ..events import Event
-from ..outcomes import FailurePolicy, Outcome, Redeliver
+from ..outcomes import FailurePolicy, Outcome, Redeliver, Retry
 from ..outputs import Encoder
 from ..settings import Settings
 from ..tables.checkpoint import Checkpoint
@@ -88,7 +89,13 @@ class TaskConfig:
     """Pauses before redeliveries of one delivery double up to this."""
     close_budget_s: float = 30.0
     policy_pauses: bool = True
-    """Honour ``Redeliver(pause_s=...)``; the memory broker retries at once instead."""
+    """Honour ``Redeliver(pause_s=...)`` and ``Retry(intervals=...)``; the memory broker
+    retries at once instead."""
+    delayed_policy: str = "immediate"
+    """What ``send(..., delay_s=...)`` does (setting ``delayed_policy``)."""
+    clock: Callable[[], float] = time.time
+    """Seconds since the epoch: when retry copies are due (the memory broker's runs
+    ahead through back-offs)."""
     replay_on_open: bool = False
     """Replay the event store from the checkpoint's store position at every open, caught
     up or not: RabbitMQ keeps no changelog, so a partition that was away may have been
@@ -103,6 +110,7 @@ class TaskConfig:
             redeliver_pause_s=settings.poll_timeout_ms / 1000,
             redeliver_backoff_max_s=settings.redeliver_backoff_max_ms / 1000,
             close_budget_s=settings.rebalance_timeout_ms / 2000,
+            delayed_policy=settings.delayed_policy,
         )
 
     def first_pause_s(self, policy: FailurePolicy) -> float:
@@ -147,6 +155,12 @@ class PartitionTask:
                 f"{name}: agent(s) {senders} send derived events, but this source has no "
                 "broker to send them to"
             )
+        chained = [a.name for a in agents if isinstance(a.on_failure, Retry)]
+        if chained and transaction is None and publish is None:
+            raise ConfigError(
+                f"{name}: agent(s) {chained} use on_failure=Retry(...), but this source has "
+                "no broker for the retry and dead-letter topics: run the app on kafka"
+            )
         self.topic = agents[0].topic
         self.partition, self.port, self.name = partition, port, name
         self.config, self._decode = config, decode
@@ -164,8 +178,15 @@ class PartitionTask:
             )
             for a in agents
         ]
+        self._closing = asyncio.Event()
         for lane in self.lanes:
             lane.tracks = config.replay_on_open and lane.agent.history is not None
+            lane.configure(
+                self._closing,
+                waits=config.policy_pauses,
+                clock=config.clock,
+                delayed=config.delayed_policy,
+            )
         self._committer = Commit(self.lanes, port, transaction, publish, metrics)
         self.phase = Phase.RESTORING
         self.busy = False
@@ -184,7 +205,6 @@ class PartitionTask:
         self._opening: asyncio.Task[None] | None = None
         self._batch: asyncio.Future[Any] | None = None
         self._reseek = False
-        self._closing = asyncio.Event()
 
     # the first lane, for the common one-agent topic ------------------------------------
     @property
@@ -798,6 +818,7 @@ def _lane_status(lane: Lane) -> dict[str, object]:
     return {
         "position": lane.next,
         "outcomes": _named(lane.outcomes),
+        "chain": dict(lane.chain_totals),
         "store_position": None if cp is None else cp.history,
         "caught_up": None if cp is None else cp.caught_up,
     }

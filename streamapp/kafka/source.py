@@ -28,6 +28,7 @@ from ..engine.parking import parker
 from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
 from ..errors import SourceError
 from ..events import Event
+from ..outcomes import Retry
 from ..settings import Settings
 from ..tables.store import Store, rocks_opener
 from . import codec
@@ -48,11 +49,12 @@ class KafkaSource:
     """Consumes every agent's source topic as one member of the app's group.
 
     One partition task per (topic, partition) runs every agent of the topic. Its commits
-    are Kafka transactions (changelogs, derived events and the offset together) when an
-    agent of the topic has tables or sends derived events; otherwise plain offset
-    commits. Partitions are assigned round robin, or by range when an agent reads
-    another's table: range gives partition ``p`` of every topic with the same partition
-    count to the same member (co-partitioning; every member subscribes to every topic).
+    are Kafka transactions (changelogs, derived events, retry-chain copies and the offset
+    together) when an agent of the topic has tables, sends derived events or uses
+    ``Retry``; otherwise plain offset commits. Partitions are assigned round robin, or by
+    range when an agent reads another's table: range gives partition ``p`` of every topic
+    with the same partition count to the same member (co-partitioning; every member
+    subscribes to every topic).
     """
 
     def __init__(
@@ -175,7 +177,7 @@ class KafkaSource:
         name = f"{tp.topic}[{p}]"
         agents = app.agents_of(topic.name)
         transaction = None
-        if any(a.tables or a.sinks for a in agents):
+        if any(a.tables or a.sinks or isinstance(a.on_failure, Retry) for a in agents):
             transaction = KafkaTransaction(
                 settings.kafka_bootstrap,
                 transactional_id(app.id, topic.name, p),

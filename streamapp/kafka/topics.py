@@ -23,7 +23,7 @@ async def create_topics(app: App, settings: Settings) -> list[str]:
     try:
         await with_startup_retry(settings, "topic admin", admin.start)
         existing = set(await admin.list_topics())
-        missing = [p for p in app.topic_plan() if p.name not in existing]
+        missing = [p for p in app.topic_plan(settings.delayed_policy) if p.name not in existing]
         if not missing:
             return []
         new = [
@@ -77,7 +77,7 @@ async def delete_retention_ms(settings: Settings, names: list[str]) -> dict[str,
 
 async def check_topics(app: App, settings: Settings, app_ref: str) -> None:
     """Raise when a needed topic is missing or a changelog is partitioned unlike its source."""
-    plan = app.topic_plan()
+    plan = app.topic_plan(settings.delayed_policy)
     partitions = await partition_counts(settings, [p.name for p in plan])
     # Without the members topic (made by an older streamapp) views do not forward.
     missing = [

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -46,6 +48,9 @@ log = logging.getLogger("streamapp.partition")
 
 CHUNK = 5000
 FENCED = (ProducerFenced, InvalidProducerEpoch)
+CRASH_BEFORE_COMMIT = os.environ.get("STREAMAPP_TEST_CRASH_BEFORE_COMMIT")
+"""Test only (the crash tests): a topic; the first transaction that sends to it kills
+this process with SIGKILL once its sends are flushed, before it commits."""
 
 
 class KafkaTransaction:
@@ -183,6 +188,10 @@ class KafkaTransaction:
             if settle is not None:
                 offset = (settle.position, offset_metadata(settle.ahead))
                 await producer.send_offsets_to_transaction({self.source: offset}, self.group_id)
+            if CRASH_BEFORE_COMMIT and any(m.topic == CRASH_BEFORE_COMMIT for m in outputs):
+                await producer.flush()
+                log.warning("STREAMAPP_TEST_CRASH_BEFORE_COMMIT: killing this worker")
+                os.kill(os.getpid(), signal.SIGKILL)
             await producer.commit_transaction()
         except BaseException:
             await _abort(producer)

@@ -5,7 +5,11 @@ because it runs the same partition task (:mod:`streamapp.engine.task`) through a
 in-memory port: records are kept in partitioned lists, tables in MemoryStores, parked
 records and derived events (``sinks=[...]``) go to in-memory topics, and a derived event
 sent to a topic that feeds an agent is processed in the same :meth:`MemoryBroker.process`
-call. It is a product feature for users; streamapp's own integration tests never use it
+call. The retry chain (``Retry``) runs as on Kafka: copies go to ``{topic}-retry`` and
+``{topic}-dlq``, and the broker's relay republishes a copy to its origin topic when it
+is due, in due order per partition; :meth:`MemoryBroker.process` runs its clock ahead
+through the back-offs (``fast_forward``), so a test does not wait for them.
+It is a product feature for users; streamapp's own integration tests never use it
 in place of a real broker.
 
     broker = MemoryBroker(app)
@@ -20,13 +24,15 @@ failed ``max_attempts`` times, so a test cannot pass while records are stuck.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..agent import Agent
-from ..app import App, TopicRole
+from ..app import App, TopicRole, relayed
+from ..engine import chain
 from ..engine.assignment import read_store
 from ..engine.delivery import Delivery, Message
 from ..engine.metrics import NO_METRICS, TaskMetrics
@@ -43,8 +49,9 @@ from ..sink import Receipt
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
 
-MAX_ROUNDS = 100
-"""Rounds of :meth:`MemoryBroker.process` while derived events feed further agents."""
+MAX_ROUNDS = 1000
+"""Rounds of :meth:`MemoryBroker.process` while derived events (and relayed retry copies)
+feed further agents."""
 
 
 def _decode(delivery: Delivery) -> Event:
@@ -146,8 +153,12 @@ class MemoryBroker:
     ``max_attempts`` bounds the attempts of a failing record in one :meth:`process`
     (at least the agent's ``Redeliver(max_attempts=...)``, so its fallback applies);
     past it, :meth:`process` raises :class:`StuckRecordsError`. Redeliveries do not
-    pause here. ``batch_budget_s`` is the time a batch may take before it is committed
-    in parts (the ``batch_budget_ms`` setting of a worker).
+    pause here, nor do ``Retry``'s inline retries. ``batch_budget_s`` is the time a batch
+    may take before it is committed in parts (the ``batch_budget_ms`` setting of a
+    worker). ``delayed_policy`` is the setting of that name (``relay`` makes delay
+    topics). With ``fast_forward`` (default), :meth:`process` moves the broker's clock
+    to the next due retry or delay copy when nothing else is left to do; without it,
+    copies wait for real time or :meth:`advance`.
     """
 
     def __init__(
@@ -157,19 +168,39 @@ class MemoryBroker:
         max_attempts: int = 10,
         batch_budget_s: float = 60.0,
         metrics: TaskMetrics = NO_METRICS,
+        delayed_policy: str = "immediate",
+        fast_forward: bool = True,
     ) -> None:
         self.app = app
         self.max_attempts = max_attempts
         self.metrics = metrics
+        self.fast_forward = fast_forward
         self.topics: dict[str, list[list[Message]]] = {}
         self._tasks: dict[tuple[str, int], tuple[PartitionTask, _MemoryPort]] = {}
         self._stores: dict[tuple[str, int], MemoryStore] = {}
+        self._ahead_s = 0.0
         self._config = TaskConfig(
-            redeliver_pause_s=0.0, batch_budget_s=batch_budget_s, policy_pauses=False
+            redeliver_pause_s=0.0,
+            batch_budget_s=batch_budget_s,
+            policy_pauses=False,
+            delayed_policy=delayed_policy,
+            clock=self.clock,
         )
-        for plan in app.topic_plan():
-            if plan.role not in (TopicRole.CHANGELOG, TopicRole.MEMBERS):
-                self.topics[plan.name] = [[] for _ in range(plan.partitions)]
+        plan = app.topic_plan(delayed_policy)
+        for topic in plan:
+            if topic.role not in (TopicRole.CHANGELOG, TopicRole.MEMBERS):
+                self.topics[topic.name] = [[] for _ in range(topic.partitions)]
+        self._relayed = {t.name: [0] * t.partitions for t in relayed(plan)}
+        """The relay's next position per retry or delay topic partition."""
+
+    def clock(self) -> float:
+        """The broker's time, seconds since the epoch (ahead of the wall clock by what
+        :meth:`advance` and fast-forwarding added)."""
+        return time.time() + self._ahead_s
+
+    def advance(self, seconds: float) -> None:
+        """Move the broker's clock ``seconds`` ahead (retry and delay copies fall due)."""
+        self._ahead_s += seconds
 
     def send(self, topic: str, event: Event) -> Message:
         """Append ``event`` (binary content mode, keyed by stream id) to ``topic``."""
@@ -262,7 +293,7 @@ class MemoryBroker:
                 for p, part in enumerate(self.topics[t])
                 if (t, p) not in stuck and self._port(t, p).position < len(part)
             ]
-            if not waiting:
+            if not waiting and not self._relay():
                 break
         else:
             raise StreamappError(
@@ -272,6 +303,42 @@ class MemoryBroker:
         if stuck:
             raise StuckRecordsError(list(stuck.values()), counts)
         return counts
+
+    def _relay(self) -> bool:
+        """Republish the due retry and delay copies to their origin topics, in order per
+        partition (a partition waits while its head is not due); when none is due and
+        ``fast_forward`` is on, first move the clock to the earliest head. True when
+        something was republished."""
+        heads = []
+        for topic, positions in self._relayed.items():
+            for p, at in enumerate(positions):
+                part = self.topics[topic][p]
+                if at < len(part):
+                    heads.append(chain.due_ms(part[at].headers) or 0)
+        if not heads:
+            return False
+        now_ms = self.clock() * 1000
+        if min(heads) > now_ms:
+            if not self.fast_forward:
+                return False
+            self._ahead_s += (min(heads) - now_ms) / 1000
+            now_ms = self.clock() * 1000
+        moved = False
+        for topic, positions in self._relayed.items():
+            for p, at in enumerate(positions):
+                part = self.topics[topic][p]
+                while at < len(part) and (chain.due_ms(part[at].headers) or 0) <= now_ms:
+                    record = part[at]
+                    origin = chain.header(record.headers, chain.ORIGIN_TOPIC)
+                    if origin is not None:
+                        m = chain.republished(
+                            origin.decode(), record.value, record.key, record.headers
+                        )
+                        self.send_raw(m.topic, m.value, key=m.key, headers=m.headers)
+                    at += 1
+                    moved = True
+                positions[p] = at
+        return moved
 
     async def _drain(self, topic: str, p: int) -> tuple[Counter[Outcome], StuckRecord | None]:
         task, port = await self._task(topic, p)

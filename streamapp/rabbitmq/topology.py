@@ -29,7 +29,7 @@ from typing import Any
 from aio_pika.abc import AbstractConnection, ExchangeType
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from ..app import App, TopicPlan, TopicRole
+from ..app import App, TopicPlan, TopicRole, refuse_chain
 from ..errors import ConfigError, MissingTopicError
 from ..repartition import refuse_broker
 from ..settings import Settings
@@ -50,6 +50,7 @@ def plans(app: App) -> list[TopicPlan]:
     """What the app needs on RabbitMQ: source, output and parking topics (no changelogs:
     state is restored by the event-store replay; no members topic: that is Kafka's
     directory of view owners, RabbitMQ's comes with its membership protocol)."""
+    refuse_chain(app, "rabbitmq")
     skipped = (TopicRole.CHANGELOG, TopicRole.MEMBERS)
     return [p for p in app.topic_plan() if p.role not in skipped]
 

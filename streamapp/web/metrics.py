@@ -50,6 +50,30 @@ class WorkerMetrics:
             ["agent"],
             registry=r,
         )
+        self.consumed = Counter(
+            "streamapp_consumed",
+            "Deliveries run through an agent (a redelivery counts again).",
+            ["agent"],
+            registry=r,
+        )
+        self.failed_attempts_total = Counter(
+            "streamapp_failed_attempts",
+            "Attempts that failed (handler raised, or not decodable), inline retries included.",
+            ["agent"],
+            registry=r,
+        )
+        self.retried = Counter(
+            "streamapp_retried",
+            "Failed deliveries copied to the retry topic (Retry policy; committed).",
+            ["agent"],
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "streamapp_dead_lettered",
+            "Failed deliveries copied to the dead-letter topic (Retry policy; committed).",
+            ["agent"],
+            registry=r,
+        )
         self.restored_records = Counter(
             "streamapp_restored_records",
             "Changelog records restored into table stores.",
@@ -104,6 +128,7 @@ class WorkerMetrics:
         failed = outcomes.get(Outcome.FAILED)
         if failed:
             self.failures.labels(agent).inc(failed)
+        self.consumed.labels(agent).inc(size)
         self.batch_size.labels(agent).observe(size)
         self.batch_duration.labels(agent).observe(duration_s)
 
@@ -115,6 +140,12 @@ class WorkerMetrics:
 
     def redelivery(self, agent: str) -> None:
         self.redeliveries.labels(agent).inc()
+
+    def failed_attempts(self, agent: str, n: int) -> None:
+        self.failed_attempts_total.labels(agent).inc(n)
+
+    def chained(self, agent: str, kind: str, n: int) -> None:
+        (self.retried if kind == "retried" else self.dead_lettered).labels(agent).inc(n)
 
     def restored(self, agent: str, records: int) -> None:
         self.restored_records.labels(agent).inc(records)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from streamapp import App, Event, Outcome, Park, Refuse, Table, TableView
+from streamapp import App, Event, Outcome, Park, Refuse, Retry, Table, TableView
 from streamapp.engine.task import AgentRefusedError
 from streamapp.memory import MemoryBroker
 
@@ -89,3 +89,27 @@ async def test_refuse_stops_the_partition_there_for_good_and_says_why() -> None:
     with pytest.raises(AgentRefusedError):
         await broker.process()
     assert broker.table("n")["k"] == 2
+
+
+async def test_refuse_in_an_inline_retry_stops_the_partition_not_the_retry_topic() -> None:
+    app, table = _app()
+    tries: list[str] = []
+
+    @app.agent(app.topic("in", partitions=1), tables=[table], on_failure=Retry(intervals=(0.1,)))
+    async def count(event: Event, n: TableView[int]) -> None:
+        tries.append(event.type)
+        if event.type == "v9":
+            if tries.count("v9") == 1:
+                raise ValueError("flaky")
+            raise Refuse("schema v9 is unknown here")
+        n["k"] = n.get("k", 0) + 1
+
+    broker = MemoryBroker(app)
+    for kind in ("ok", "v9", "ok"):
+        broker.send("in", Event.create(kind, stream_id="s", data={}))
+    with pytest.raises(AgentRefusedError, match=r"agent 'count' refused in\[0\]@1: Refuse"):
+        await broker.process()
+    assert tries == ["ok", "v9", "v9"]
+    assert broker.table("n")["k"] == 1
+    assert broker.records("in-retry") == []
+    assert broker.records("in-dlq") == []
