@@ -100,6 +100,8 @@ class Commit:
             for (lane, batch), position in zip(changes, positions, strict=True):
                 assert lane.tables is not None
                 lane.tables.write(batch, position)
+                if settle_at is not None:  # durable for this lane, whatever the next does
+                    lane.committed = lane.next
         except Exception as exc:
             if self.transaction is not None:  # committed: running it again sends twice
                 raise StoreBehindError(

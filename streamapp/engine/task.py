@@ -302,17 +302,19 @@ class PartitionTask:
         self.phase = Phase.CLOSED
         self._closing.set()  # ends a redelivery pause and stops between chunks
         batch = self._batch
-        if batch is not None and not batch.done():
-            budget = self.config.close_budget_s
-            try:
-                await asyncio.wait_for(asyncio.shield(batch), budget)
-            except Exception as exc:
-                log.warning("%s: batch did not finish in %.0fs: %r", self.name, budget, exc)
-        for task in (self._opening, batch):
-            if task is not None and not task.done():
+        try:
+            if batch is not None and not batch.done():
+                budget = self.config.close_budget_s
+                try:
+                    await asyncio.wait_for(asyncio.shield(batch), budget)
+                except Exception as exc:
+                    log.warning("%s: batch did not finish in %.0fs: %r", self.name, budget, exc)
+        finally:  # a close cancelled itself (a listener's budget) still closes the stores
+            running = [t for t in (self._opening, batch) if t is not None and not t.done()]
+            for task in running:
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        await self._release()
+            await asyncio.gather(*running, return_exceptions=True)
+            await self._release()
         log.info("closed %s at position %s", self.name, self.next_position)
 
     async def _release(self) -> None:
@@ -437,6 +439,10 @@ class PartitionTask:
             start = await self.port.begin(min(known.values()), stateful=True)
         if self._closing.is_set():  # closed while the source began: stay closed
             return
+        if not self.port.absolute:
+            # Positions count this session's deliveries: a lane's position from an earlier
+            # session says nothing of this one's (the version guard skips what it applied).
+            known = dict.fromkeys(self.lanes, start)
         self._replaying = list(self.lanes) if self.follows_store else []
         for lane in self.lanes:
             lane.next = lane.committed = known[lane]
@@ -734,7 +740,13 @@ class PartitionTask:
 
     async def _recover(self) -> bool:
         """After a failed commit: drop the batch, reset the transaction, rewind to the
-        checkpoint. Retries with back-off while the partition is ours."""
+        checkpoint. Retries with back-off while the partition is ours.
+
+        A transaction that timed out may still have committed. The reset fences it (it is
+        then committed or aborted for good) and the changelogs' committed tail is restored
+        into the stores, as a new owner would: a batch that committed after all is in the
+        stores and checkpoints then, and is not run again (its derived events and copies
+        would go out twice)."""
         pace = Pace(self._closing)
         while self.phase in (Phase.LIVE, Phase.CATCHING_UP):
             try:
@@ -742,6 +754,7 @@ class PartitionTask:
                     lane.drop()
                 if self.transaction is not None:
                     await self.transaction.reset()
+                    await self._restore_tail()
                 if self.next_position is not None and self.phase is Phase.LIVE:
                     self._rewind(self.next_position)
                 return True
@@ -752,6 +765,32 @@ class PartitionTask:
                 log.error("%s: rewind failed (%r); retrying in %.1fs", self.name, exc, pace.delay)
                 await pace.wait()
         return False
+
+    async def _restore_tail(self) -> None:
+        """Restore what the changelogs committed beyond the stores, and move live lanes to
+        the positions that makes durable (see :meth:`_recover`)."""
+        assert self.transaction is not None
+        restored = 0
+        for lane in self.lanes:
+            if lane.tables is not None:
+                restored += await self.transaction.restore(lane.agent, lane.tables)
+        if restored:
+            log.warning(
+                "%s: the failed transaction committed after all: %d changelog records "
+                "restored; its batch is not run again",
+                self.name,
+                restored,
+            )
+        if self.phase is not Phase.LIVE or self.next_position is None:
+            return  # a replay reads the restored checkpoints' store positions
+        known, _, _ = await self._positions()
+        for lane in self.lanes:
+            position = known.get(lane)
+            if position is not None and (lane.committed is None or position > lane.committed):
+                lane.next = lane.committed = position
+        held = [lane.committed for lane in self.lanes if lane.committed is not None]
+        if held:
+            self.next_position = max(self.next_position, min(held))
 
     @property
     def lag(self) -> int | None:

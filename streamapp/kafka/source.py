@@ -187,6 +187,7 @@ class KafkaSource:
                 timeout_s=settings.publish_timeout_s,
                 stall_timeout_s=settings.restore_stall_timeout_s,
                 retention_ms=self._retention,
+                assigned=lambda: tp in self._consumer.assignment(),
             )
         port = KafkaPartitionPort(
             self._consumer,

@@ -67,8 +67,11 @@ class KafkaTransaction:
         timeout_s: float,
         stall_timeout_s: float,
         retention_ms: Mapping[str, int],
+        assigned: Callable[[], bool] = lambda: True,
     ) -> None:
         self.bootstrap, self.transactional_id = bootstrap, transactional_id
+        self._assigned = assigned
+        """True while the group still assigns the source partition to this worker."""
         self.source, self.group_id, self._changelog = source, group_id, changelog
         self.timeout_s, self.stall_timeout_s = timeout_s, stall_timeout_s
         self.retention_ms = retention_ms
@@ -142,7 +145,14 @@ class KafkaTransaction:
         return topic
 
     async def _start_writer(self) -> None:
-        """Start the producer; this fences any previous owner of the partition."""
+        """Start the producer; this fences any previous owner of the partition, so only
+        while the group assigns the partition here (a worker cut off from the group must
+        not fence the worker that took the partition over)."""
+        if not self._assigned():
+            raise FencedError(
+                f"{self._where} is no longer assigned to this worker: its transactional "
+                f"writer {self.transactional_id} is not started again"
+            )
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
             **producer_config({"transactional_id": self.transactional_id, "linger_ms": 5}),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from streamapp import App, Event, Send, Table, TableView
+from streamapp import App, Event, PublishError, Send, Table, TableView
 from streamapp.agent import Agent
 from streamapp.engine.delivery import Delivery, Message
 from streamapp.engine.port import Committed
@@ -203,3 +203,94 @@ async def test_without_a_transaction_sends_are_confirmed_before_the_store_and_th
     assert order == ["publish 2 (store before: None)", "settle 2"]
     assert stores["keep"].get("t:kept", b"s") == b"2"
     await t.close()
+
+
+class CommitsThenTimesOut(Transaction):
+    """The first commit reaches the broker, but its answer does not come back in time."""
+
+    def __init__(self, port: Port) -> None:
+        super().__init__()
+        self.port = port
+        self.unseen: dict[str, BatchChanges] = {}
+
+    async def commit(
+        self,
+        changes: Sequence[tuple[Agent, BatchChanges]],
+        outputs: Sequence[Outgoing],
+        settle: Committed | None,
+    ) -> list[int]:
+        positions = await super().commit(changes, outputs, settle)
+        if len(self.commits) > 1:
+            return positions
+        self.unseen = {agent.name: batch for agent, batch in changes}
+        self.port._committed = settle  # the offset was in the transaction
+        raise PublishError("transaction not committed within 10s (setting publish_timeout_s)")
+
+    async def restore(self, agent: Agent, tables: PartitionTables) -> int:
+        batch = self.unseen.pop(agent.name, None)
+        if batch is None:
+            return 0
+        tables.write(batch, 1)
+        return 1
+
+
+async def test_a_timed_out_transaction_that_committed_is_restored_not_run_again() -> None:
+    """Its derived events would otherwise go out twice to read_committed readers."""
+    calls: list[str] = []
+    port, stores = Port(), dict[str, Store]()
+    txn = CommitsThenTimesOut(port)
+    t = task(app_with_lanes(calls), port, stores, transaction=txn)
+    await t.open()
+    await t.process(records("e0", "e1", "e2"))
+    assert calls == ["keep:e0", "echo:e0", "keep:e1", "echo:e1", "keep:e2", "echo:e2"]
+    assert [lane.committed for lane in t.lanes] == [3, 3]
+    assert t.next_position == 3
+    assert port.rewound[-1] == 3
+    assert t.tables is not None
+    assert t.tables.views[0].get("s") == 3
+
+    calls.clear()  # the source delivers from 3 on: nothing runs twice
+    await t.process(records("e3", start=3))
+    assert calls == ["keep:e3", "echo:e3"]
+    sent = [codec.decode(m.key, m.value, m.headers).id for _, out, _ in txn.commits for m in out]
+    assert sent == ["e0/e", "e1/e", "e2/e", "e3/e"]  # each derived event once
+    await t.close()
+
+
+async def test_on_a_session_numbered_source_every_lane_starts_with_the_session() -> None:
+    """RabbitMQ numbers deliveries per consuming session: a lane's position from an
+    earlier session says nothing of this one's, so no lane skips a new delivery."""
+    calls: list[str] = []
+    app = App("t")
+    topic = app.topic("in", partitions=1)
+    a_table: Table[int] = Table("a")
+    b_table: Table[int] = Table("b")
+
+    @app.agent(topic, tables=[a_table])
+    async def a(event: Event, t: TableView[int]) -> None:
+        calls.append(f"a:{event.id}")
+        t["s"] = t.get("s", 0) + 1
+
+    @app.agent(topic, tables=[b_table])
+    async def b(event: Event, t: TableView[int]) -> None:
+        calls.append(f"b:{event.id}")
+        if event.id == "e1":
+            raise RuntimeError("b fails")
+        t["s"] = t.get("s", 0) + 1
+
+    stores: dict[str, Store] = {}
+    first = task(app, Port(), stores)
+    await first.open()
+    await first.process(records("e0", "e1", "e2"))
+    await first.close()
+    assert [lane.committed for lane in first.lanes] == [2, 1]  # a is ahead of b
+
+    session = Port()
+    session.absolute = False
+    calls.clear()
+    again = task(app, session, stores)
+    await again.open()
+    assert [lane.next for lane in again.lanes] == [1, 1]
+    await again.process(records("n1", "n2", start=1))  # this session's deliveries
+    assert calls == ["a:n1", "b:n1", "a:n2", "b:n2"]
+    await again.close()
