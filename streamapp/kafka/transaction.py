@@ -85,27 +85,35 @@ class KafkaTransaction:
     async def restore(self, agent: Agent, tables: PartitionTables) -> int:
         topic = self._topic(agent)
         retention = self.retention_ms.get(topic)
-        cp = tables.checkpoint
-        if retention is not None and cp.written_ms and cp.changelog:
+
+        def stale() -> bool:
+            """The store missed changelog records and was last written longer ago than
+            ``delete.retention.ms``: compaction may have dropped deletes it never saw."""
+            cp = tables.checkpoint
+            if retention is None or not cp.written_ms or not cp.changelog:
+                return False
             idle_ms = time.time() * 1000 - cp.written_ms
-            if idle_ms > retention:
-                log.warning(
-                    "%s: the local store of agent %s was last written %.0fs ago, longer than "
-                    "delete.retention.ms of %s (%.0fs): compaction may have dropped deletes it "
-                    "never saw, so it is wiped and restored in full",
-                    self._where,
-                    agent.name,
-                    idle_ms / 1000,
-                    topic,
-                    retention / 1000,
-                )
-                tables.store.wipe()
-                tables.checkpoint = Checkpoint()
+            if idle_ms <= retention:
+                return False
+            log.warning(
+                "%s: the local store of agent %s was last written %.0fs ago, longer than "
+                "delete.retention.ms of %s (%.0fs), and the changelog moved on since: "
+                "compaction may have dropped deletes it never saw, so it is wiped and "
+                "restored in full",
+                self._where,
+                agent.name,
+                idle_ms / 1000,
+                topic,
+                retention / 1000,
+            )
+            return True
+
         return await restore(
             self.bootstrap,
             TopicPartition(topic, self.source.partition),
             tables,
             self.stall_timeout_s,
+            stale,
         )
 
     async def commit(
@@ -210,10 +218,17 @@ class KafkaTransaction:
 
 
 async def restore(
-    bootstrap: str, tp: TopicPartition, tables: PartitionTables, stall_timeout_s: float
+    bootstrap: str,
+    tp: TopicPartition,
+    tables: PartitionTables,
+    stall_timeout_s: float,
+    stale: Callable[[], bool] = lambda: False,
 ) -> int:
     """Apply ``tp`` from the store's recorded changelog position to its end (committed
-    batches only); returns the records applied."""
+    batches only); returns the records applied. When the changelog holds more than the
+    store saw and ``stale()`` says the store is too old to catch up, it is wiped and
+    restored in full. An idle store at the changelog's end is kept: a rebalance that
+    hands it back costs no restore."""
     where = f"{tp.topic}[{tp.partition}]"
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -225,10 +240,14 @@ async def restore(
         await consumer.start()
         consumer.assign([tp])
         start = tables.checkpoint.changelog
-        consumer.seek(tp, start)
         end = (await consumer.end_offsets([tp]))[tp]
-        if start >= end:
+        if start >= end - 1:  # at the end, or before the last transaction's commit marker
             return 0
+        if stale():
+            tables.store.wipe()
+            tables.checkpoint = Checkpoint()
+            start = 0
+        consumer.seek(tp, start)
         log.info("restoring %s: up to %d changelog records", where, end - start)
         applied, last_progress = 0, time.monotonic()
         position = start
