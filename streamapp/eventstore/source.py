@@ -162,8 +162,7 @@ class StoreSource:
             await asyncio.wait({feed, fatal}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             fatal.cancel()
-        if self._failed is not None:
-            feed.cancel()
+        if self._failed is not None:  # the feed goes on until the worker stops it
             raise self._failed
         await feed
 

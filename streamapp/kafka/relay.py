@@ -87,7 +87,11 @@ class KafkaRelay:
                 fetched = await self._consumer.getmany(timeout_ms=poll_ms)
             except KafkaError as exc:
                 if not exc.retriable:
-                    raise SourceError(f"relay consumer failed: {exc!r}", retriable=False) from exc
+                    raise SourceError(
+                        f"relay consumer (group {relay_group(self.settings.group_id)}, topics "
+                        f"{', '.join(self.topics)}) failed: {exc!r}",
+                        retriable=False,
+                    ) from exc
                 log.warning("relay poll failed (%r); polling again", exc)
                 await asyncio.sleep(poll_ms / 1000)
                 continue
@@ -132,9 +136,18 @@ class KafkaRelay:
         try:
             if messages:
                 await self.sink.publish_many(messages)
-        except Exception as exc:
-            log.error("relay: republishing %d from %s failed (%r); again", len(due), tp, exc)
+        except Exception as exc:  # held for a poll interval, so a fast failure never spins
+            pause_ms = self.settings.poll_timeout_ms
+            log.error(
+                "relay: republishing %d from %s failed (%r); again in %d ms",
+                len(due),
+                tp,
+                exc,
+                pause_ms,
+            )
             self._quietly(self._consumer.seek, tp, due[0].offset)
+            self._quietly(self._consumer.pause, tp)
+            self.held[tp] = int(time.time() * 1000) + pause_ms
             return
         self.relayed += len(messages)
         try:
