@@ -144,7 +144,16 @@ class KafkaTransaction:
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            await producer.stop()
+            try:
+                await asyncio.wait_for(producer.stop(), ABORT_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "%s: transactional writer %s did not stop within %.0fs (broker away?); "
+                    "left behind, the next writer fences it",
+                    self._where,
+                    self.transactional_id,
+                    ABORT_TIMEOUT_S,
+                )
 
     def _topic(self, agent: Agent) -> str:
         topic = self._changelog(agent)
@@ -275,8 +284,13 @@ async def restore(
         await consumer.stop()
 
 
+ABORT_TIMEOUT_S = 5.0
+"""Bound of an abort or a writer's stop: the broker may be away (the reset after it
+fences whatever is left open)."""
+
+
 async def _abort(producer: AIOKafkaProducer) -> None:
     try:
-        await producer.abort_transaction()
+        await asyncio.wait_for(producer.abort_transaction(), ABORT_TIMEOUT_S)
     except Exception as exc:  # the producer may be fenced or stopped already
         log.debug("abort of the transaction failed: %r", exc)
