@@ -13,6 +13,7 @@ worker's queues.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 import uuid
 from collections import Counter
@@ -35,6 +36,8 @@ from streamapp.rabbitmq.topology import create_topology, plans
 from streamapp.rabbitmq.wire import from_message
 from streamapp.worker import Worker
 from tests.conftest import Services
+
+from .harness import ROOT, app_env, streamapp_cmd
 
 pytestmark = pytest.mark.integration
 
@@ -460,3 +463,35 @@ async def test_a_retry_copy_that_is_not_confirmed_leaves_the_original_unacked(
         await connection.close()
     assert await depth(amqp, f"{ns}in.{p}") == 0  # acked once its copy was confirmed
     assert await depth(amqp, f"{ns}in-retry.{p}") == 1  # the copy, back from the relay
+
+
+def topics_create(ns: str, amqp: str) -> str:
+    """``streamapp topics create`` of the retry app on RabbitMQ (policy relay); its output."""
+    env = app_env(
+        "127.0.0.1:1",
+        ns,
+        STREAMAPP_BROKER="rabbitmq",
+        STREAMAPP_AMQP_URL=amqp,
+        STREAMAPP_DELAYED_POLICY="relay",
+    )
+    run = subprocess.run(
+        streamapp_cmd("topics", "create", "-A", "tests.integration.retry_app:app"),
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+async def test_topics_create_declares_the_chain_queues(amqp: str) -> None:
+    ns = f"rcc{uuid.uuid4().hex[:6]}-"
+    out = topics_create(ns, amqp)
+    assert f"{ns}rt-in-retry\t2 partitions\tretry\tcreated" in out
+    assert f"{ns}rt-in-dlq\t2 partitions\tdead-letter\tcreated" in out
+    for p in range(2):
+        assert await depth(amqp, f"{ns}rt-in-retry.{p}") == 0
+        assert await depth(amqp, f"{ns}rt-in-dlq.{p}") == 0
