@@ -76,13 +76,14 @@ def relayed(plan: list[TopicPlan]) -> list[TopicPlan]:
 
 
 def refuse_chain(app: App, broker: str) -> None:
-    """ConfigError when an agent uses the retry chain on a broker that has none yet."""
+    """ConfigError when an agent uses the retry chain on a broker that has none (the
+    store-only source, ``broker=none``: no topic to hold the copies)."""
     for agent in app.agents.values():
-        if isinstance(agent.on_failure, Retry) and broker != "kafka":
+        if isinstance(agent.on_failure, Retry) and broker not in ("kafka", "rabbitmq"):
             raise ConfigError(
                 f"agent {agent.name!r} (topic {agent.topic.name!r}) uses "
                 f"on_failure=Retry(...), but setting broker (STREAMAPP_BROKER) = {broker!r} "
-                "has no retry chain yet (it runs on kafka and the memory broker): use "
+                "has no retry chain (it runs on kafka, rabbitmq and the memory broker): use "
                 "Park(destination) or Redeliver(max_attempts=..., fallback=Park(...)) there"
             )
 

@@ -152,7 +152,7 @@ def topics_create(app_ref: str) -> None:
             from .rabbitmq.topology import create_topology, plans
 
             created = asyncio.run(create_topology(app, settings))
-            wanted = plans(app)
+            wanted = plans(app, settings.delayed_policy)
         elif settings.broker == "kafka":
             from .kafka.topics import create_topics
 
@@ -364,7 +364,7 @@ def _sink_of(app: App, settings: Settings) -> tuple[Callable[[], Sink], Encoder]
         from .rabbitmq.sink import RabbitSink
         from .rabbitmq.topology import plans
 
-        partitions = {p.name: p.partitions for p in plans(app)}
+        partitions = {p.name: p.partitions for p in plans(app, settings.delayed_policy)}
         return (lambda: RabbitSink(settings, partitions)), amqp_codec.encode
     if settings.broker == "kafka":
         from .kafka import codec

@@ -32,6 +32,7 @@ from .web.metrics import WorkerMetrics
 if TYPE_CHECKING:
     from .kafka.members import KafkaMembers
     from .kafka.relay import KafkaRelay
+    from .rabbitmq.relay import RabbitRelay
 from .web.views import make_app
 
 log = logging.getLogger("streamapp.worker")
@@ -52,7 +53,7 @@ class Worker:
         self.source: LiveSource | None = None
         self.sink: Sink | None = None
         self.members: KafkaMembers | None = None
-        self.relay: KafkaRelay | None = None
+        self.relay: KafkaRelay | RabbitRelay | None = None
         self._web: web.AppRunner | None = None
         self.metrics = WorkerMetrics()
         self._stop = asyncio.Event()
@@ -91,7 +92,7 @@ class Worker:
             from .rabbitmq.source import RabbitSource
             from .rabbitmq.topology import plans
 
-            partitions = {p.name: p.partitions for p in plans(app)}
+            partitions = {p.name: p.partitions for p in plans(app, settings.delayed_policy)}
             self.sink = RabbitSink(settings, partitions)
             return RabbitSource(
                 app,
@@ -101,6 +102,7 @@ class Worker:
                 history=self.feed,
                 member_id=self.id,
                 views_url=lambda: self.views_url,
+                metrics=self.metrics,
             )
         if settings.broker == "kafka":
             from .kafka.sink import KafkaSink
@@ -133,6 +135,14 @@ class Worker:
             if self.feed is not None:
                 self.feed.start()
             await self.source.start()
+            relayed_topics = relayed(self.app.topic_plan(self.settings.delayed_policy))
+            if self.settings.broker == "rabbitmq" and relayed_topics:
+                from .rabbitmq.relay import RabbitRelay
+                from .rabbitmq.sink import RabbitSink
+
+                assert isinstance(sink, RabbitSink)
+                self.relay = RabbitRelay(self.settings, sink, relayed_topics, self.app_ref)
+                await self.relay.start()
             if self.settings.broker == "kafka":
                 from .kafka.members import KafkaMembers
                 from .kafka.sink import KafkaSink
@@ -142,12 +152,10 @@ class Worker:
                     self.app, self.settings, self.source.assignment, self.id, sink
                 )
                 await self.members.start(self.views_url)
-                topics = [
-                    p.name for p in relayed(self.app.topic_plan(self.settings.delayed_policy))
-                ]
-                if topics:
+                if relayed_topics:
                     from .kafka.relay import KafkaRelay
 
+                    topics = [p.name for p in relayed_topics]
                     self.relay = KafkaRelay(self.settings, sink, topics)
                     await self.relay.start()
         except BaseException:

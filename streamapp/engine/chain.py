@@ -2,10 +2,12 @@
 
 A delivery that fails under :class:`~streamapp.outcomes.Retry` is tried again in place
 (:mod:`streamapp.engine.lane`), then copied to ``{topic}-retry`` (:func:`retry_copy`) or,
-once its failures are spent, to ``{topic}-dlq`` (:func:`dead_letter`). The relay
-(:mod:`streamapp.kafka.relay`, and the memory broker's) republishes a due copy to its
-origin topic (:func:`republished`). The copy goes out with the batch's commit (Kafka:
-in its transaction with the offset), so the original is settled only with its copy.
+once its failures are spent, to ``{topic}-dlq`` (:func:`dead_letter`), on the partition
+of the original. The relay (:mod:`streamapp.kafka.relay`, :mod:`streamapp.rabbitmq.relay`
+and the memory broker's) republishes a due copy to its origin topic
+(:func:`republished`). The copy goes out with the batch's commit (Kafka: in its
+transaction with the offset; RabbitMQ: a confirmed publish before the store write and
+the acks), so the original is settled only with its copy.
 
 Header contract (values are ASCII decimal numbers or names):
 
@@ -92,6 +94,7 @@ def retry_copy(
             (ORIGIN_TOPIC, record.topic.encode()),
             (AGENT, agent.encode()),
         ],
+        record.partition,
     )
 
 
@@ -113,6 +116,7 @@ def dead_letter(
             (REASON, reason.encode(errors="replace")),
             (ORIGIN, origin.encode()),
         ],
+        record.partition,
     )
 
 

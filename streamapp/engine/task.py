@@ -159,7 +159,7 @@ class PartitionTask:
         if chained and transaction is None and publish is None:
             raise ConfigError(
                 f"{name}: agent(s) {chained} use on_failure=Retry(...), but this source has "
-                "no broker for the retry and dead-letter topics: run the app on kafka"
+                "no broker for the retry and dead-letter topics: run the app on kafka or rabbitmq"
             )
         self.topic = agents[0].topic
         self.partition, self.port, self.name = partition, port, name

@@ -10,8 +10,10 @@ checkpoint's store position (the agent's ``history=FromEventStore()``), so a par
 that was applied elsewhere meanwhile is exact before its first live message; a
 partition with neither local state nor history is refused, never started empty.
 
-Derived events (``sinks=[...]``) are confirmed publishes made before the batch's store
-write and acks: at least once (a crash between them publishes them again).
+Derived events (``sinks=[...]``) and the retry chain's copies (``{topic}-retry``,
+``{topic}-dlq``) are confirmed publishes made before the batch's store write and acks:
+at least once (a crash between them publishes them again; a failed publish leaves the
+batch unwritten and unacked, so it runs again).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..agent import Agent, TopicSpec
 from ..app import App
 from ..engine.assignment import Assignment
 from ..engine.delivery import Delivery, Message
+from ..engine.metrics import NO_METRICS, TaskMetrics
 from ..engine.parking import parker
 from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
 from ..errors import SourceError
@@ -64,10 +67,11 @@ class RabbitSource:
         *,
         member_id: str = "",
         views_url: Callable[[], str | None] = lambda: None,
+        metrics: TaskMetrics = NO_METRICS,
     ) -> None:
         refuse_broker(app.agents.values(), "rabbitmq")
         self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
-        self.history = history
+        self.history, self.metrics = history, metrics
         self.member_id = member_id or f"{socket.gethostname()}:{os.getpid()}"
         self._views_url = views_url
         self.membership: Membership | None = None
@@ -86,7 +90,7 @@ class RabbitSource:
         self._connection = await connect(self.settings, "RabbitMQ source", robust=robust)
         if not robust:
             self._connection.close_callbacks.add(self._connection_lost)
-        await check_topology(self._connection, self.app, self.app_ref)
+        await check_topology(self._connection, self.app, self.app_ref, self.settings.delayed_policy)
         if self.settings.owned_partitions() is not None:
             self.membership = StaticMembership(self.app, self.settings)
         else:
@@ -195,6 +199,7 @@ class RabbitSource:
             publish=self.sink.publish_many,
             on_fatal=self._fail,
             locate=self.assignment.read_store,
+            metrics=self.metrics,
         )
         port.on_renewed = task.recheck
         return task

@@ -3,7 +3,10 @@
 A topic ``T`` with ``N`` partitions is the durable direct exchange ``T`` and the durable
 classic queues ``T.0`` .. ``T.{N-1}``, each bound with routing key ``"p"`` and declared
 with ``x-single-active-consumer`` (the broker lets one consumer at a time receive from a
-partition, whatever the workers believe). Parking destinations are made the same way.
+partition, whatever the workers believe). Parking destinations, the retry chain's
+``{topic}-retry`` and ``{topic}-dlq`` and, with ``delayed_policy=relay``, the
+``{topic}-delay`` topics are made the same way (the relay, :mod:`.relay`, consumes the
+retry and delay queues).
 
 Routing is computed by the publisher (:func:`streamapp.partitioner.partition_for`, Kafka's
 murmur2 over the stream id), not by a consistent-hash exchange: the plugin's hash is the
@@ -29,7 +32,7 @@ from typing import Any
 from aio_pika.abc import AbstractConnection, ExchangeType
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from ..app import App, TopicPlan, TopicRole, refuse_chain
+from ..app import App, TopicPlan, TopicRole
 from ..errors import ConfigError, MissingTopicError
 from ..repartition import refuse_broker
 from ..settings import Settings
@@ -46,13 +49,13 @@ def queue_name(topic: str, partition: int) -> str:
     return f"{topic}.{partition}"
 
 
-def plans(app: App) -> list[TopicPlan]:
-    """What the app needs on RabbitMQ: source, output and parking topics (no changelogs:
-    state is restored by the event-store replay; no members topic: that is Kafka's
-    directory of view owners, RabbitMQ's comes with its membership protocol)."""
-    refuse_chain(app, "rabbitmq")
+def plans(app: App, delayed_policy: str = "immediate") -> list[TopicPlan]:
+    """What the app needs on RabbitMQ: source, output, parking, retry, dead-letter and
+    (``delayed_policy=relay``) delay topics. No changelogs: state is restored by the
+    event-store replay; no members topic: that is Kafka's directory of view owners,
+    RabbitMQ's comes with its membership protocol."""
     skipped = (TopicRole.CHANGELOG, TopicRole.MEMBERS)
-    return [p for p in app.topic_plan() if p.role not in skipped]
+    return [p for p in app.topic_plan(delayed_policy) if p.role not in skipped]
 
 
 async def create_topology(app: App, settings: Settings) -> list[str]:
@@ -62,7 +65,7 @@ async def create_topology(app: App, settings: Settings) -> list[str]:
     connection = await connect(settings)
     created: list[str] = []
     try:
-        for plan in plans(app):
+        for plan in plans(app, settings.delayed_policy):
             missing = await _missing(connection, plan)
             if not missing:
                 continue
@@ -88,14 +91,17 @@ async def create_topology(app: App, settings: Settings) -> list[str]:
     return created
 
 
-async def check_topology(connection: AbstractConnection, app: App, app_ref: str) -> None:
-    """Raise MissingTopicError naming every missing exchange or queue, ConfigError when a
-    topic has more partition queues than the app declares."""
+async def check_topology(
+    connection: AbstractConnection, app: App, app_ref: str, delayed_policy: str = "immediate"
+) -> None:
+    """Raise MissingTopicError naming every missing exchange or queue (retry, dead-letter
+    and delay topics included), ConfigError when a topic has more partition queues than
+    the app declares."""
     missing: list[str] = []
     members = members_exchange(app)
     if not await _exists(connection, exchange=members):
         missing.append(f"exchange {members}")
-    for plan in plans(app):
+    for plan in plans(app, delayed_policy):
         missing += await _missing(connection, plan)
         extra = queue_name(plan.name, plan.partitions)
         if await _exists(connection, queue=extra):

@@ -78,7 +78,8 @@ class RabbitHarness(AgentHarness):
         self.app = app
         settings = app.settings()
         await create_topology(app, settings)
-        self._sink = RabbitSink(settings, {p.name: p.partitions for p in plans(app)})
+        wanted = plans(app, settings.delayed_policy)
+        self._sink = RabbitSink(settings, {p.name: p.partitions for p in wanted})
         await self._sink.start()
         self._http = aiohttp.ClientSession()
         worker = Worker(app, settings)

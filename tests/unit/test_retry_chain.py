@@ -247,16 +247,21 @@ def test_backoff_beyond_the_table_keeps_the_last_value() -> None:
     assert [policy.backoff_s(h) for h in (1, 2, 8, 9, 50)] == [1, 5, 240, 240, 240]
 
 
-def test_the_retry_chain_is_refused_on_rabbitmq_naming_the_setting() -> None:
+def test_the_retry_chain_runs_on_rabbitmq_and_is_refused_without_a_broker() -> None:
     from streamapp.rabbitmq.topology import plans
     from streamapp.settings import Settings
     from streamapp.worker import Worker
 
     app = _app(Retry(), Counter())
-    with pytest.raises(ConfigError, match=r"agent 'summer'.*STREAMAPP_BROKER\) = 'rabbitmq'"):
-        plans(app)
-    with pytest.raises(ConfigError, match="Retry"):
-        Worker(app, Settings("t", broker="rabbitmq"))
+    roles = {p.name: p.role for p in plans(app)}
+    assert roles["in-retry"] is TopicRole.RETRY
+    assert roles["in-dlq"] is TopicRole.DEAD_LETTER
+    Worker(app, Settings("t", broker="rabbitmq"))  # accepted
+    with pytest.raises(ConfigError, match=r"agent 'summer'.*STREAMAPP_BROKER\) = 'none'"):
+        Worker(app, Settings("t", broker="none"))
+    sender = _sender_app()
+    assert "out-delay" in {p.name for p in plans(sender, "relay")}
+    assert "out-delay" not in {p.name for p in plans(sender)}
 
 
 def _sender_app() -> App:
