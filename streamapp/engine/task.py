@@ -255,6 +255,64 @@ class PartitionTask:
         self._opening = asyncio.create_task(self.open(), name=f"open {self.name}")
         self._opening.add_done_callback(self._opening_done)
 
+    # kept across a rebalance -----------------------------------------------------
+    async def suspend(self) -> bool:
+        """The group revokes the partition, and may hand it back in the same rebalance:
+        finish the batch in hand (it commits) and keep stores and transaction open.
+        False when the task cannot be kept (not live, or its batch did not finish): the
+        caller closes it then. A kept task takes no deliveries until :meth:`rejoin`."""
+        if self.phase is not Phase.LIVE:
+            return False
+        self.busy = True  # nothing is fed while suspended
+        batch = self._batch
+        if batch is not None and not batch.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(batch), self.config.close_budget_s)
+            except Exception as exc:
+                log.warning("%s: batch did not finish on revoke (%r): closed", self.name, exc)
+                return False
+        return self.phase is Phase.LIVE
+
+    def rejoin(self) -> None:
+        """The partition came back after :meth:`suspend`: in the background, fence and
+        catch up with whatever another owner committed meanwhile, then take deliveries
+        again, with no store reopen and no restore when nothing changed."""
+        self.port.pause()
+        self._opening = asyncio.create_task(self._rejoin(), name=f"rejoin {self.name}")
+        self._opening.add_done_callback(self._opening_done)
+
+    async def _rejoin(self) -> None:
+        try:
+            if self.transaction is not None:
+                # Another worker may have held the partition between the revoke and now
+                # (this one out of the group meanwhile): the reset fences it, and its
+                # committed batches are restored from the changelogs.
+                await self.transaction.reset()
+                await self._restore_tail()
+            else:  # no tables, no sends: the group's committed offset is the position
+                start = await self.port.begin(None, stateful=False)
+                for lane in self.lanes:
+                    lane.next = lane.committed = start
+                self.next_position = start
+        except asyncio.CancelledError:
+            raise
+        except FencedError as exc:
+            self._lost(exc)
+            return
+        except Exception as exc:
+            log.warning("%s: kept open, but cannot go on (%r): opened again", self.name, exc)
+            await self._release()
+            self.phase = Phase.RESTORING
+            await self.open()
+            return
+        if self._closing.is_set() or self.phase is not Phase.LIVE:
+            return
+        if self.next_position is not None:
+            self._rewind(self.next_position)
+        self.busy = False
+        self.port.resume()
+        log.info("live %s again at position %s (kept open)", self.name, self.next_position)
+
     def _opening_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:
             self._fail(exc, f"{self.name}: cannot open: {exc}")

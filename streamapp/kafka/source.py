@@ -89,6 +89,9 @@ class KafkaSource:
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._suspended: dict[tuple[str, int], PartitionTask] = {}
+        """Tasks revoked by the rebalance in progress, kept open in case it hands their
+        partitions back (closed once the assignment is known)."""
         self._failed: BaseException | None = None
 
     async def start(self) -> None:
@@ -109,8 +112,10 @@ class KafkaSource:
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._release(list(self.assignment.tasks))
+        await self._close_suspended()
         await self._consumer.stop()
         await self._release(list(self.assignment.tasks))  # any taken during the leave
+        await self._close_suspended()
         if self._admin is not None:
             await self._admin.close()
 
@@ -167,9 +172,16 @@ class KafkaSource:
             topic = self._topics.get(tp.topic)
             if topic is None:
                 continue
+            key = (tp.topic, tp.partition)
+            kept = self._suspended.pop(key, None)
+            if kept is not None:
+                log.info("assigned %s[%d] again: kept open", tp.topic, tp.partition)
+                self.assignment.tasks[key] = kept
+                kept.rejoin()
+                continue
             log.info("assigned %s[%d]", tp.topic, tp.partition)
             task = self._task(topic, tp)
-            self.assignment.tasks[(tp.topic, tp.partition)] = task
+            self.assignment.tasks[key] = task
             task.start()
 
     def _task(self, topic: TopicSpec, tp: TopicPartition) -> PartitionTask:
@@ -217,10 +229,30 @@ class KafkaSource:
             locate=self.assignment.read_store,
         )
 
-    async def _release(self, revoked: Iterable[tuple[str, int] | TopicPartition]) -> None:
+    async def _release(
+        self, revoked: Iterable[tuple[str, int] | TopicPartition], *, keep: bool = False
+    ) -> None:
+        """Close the tasks of ``revoked``; with ``keep``, suspend those that can be kept
+        (see :meth:`PartitionTask.suspend`) until the assignment says where they go."""
         tasks = self.assignment.tasks
         keys = [(k[0], k[1]) for k in revoked]
-        closing = [tasks.pop(k) for k in keys if k in tasks]
+        taken = [(k, tasks.pop(k)) for k in keys if k in tasks]
+        closing = [task for _, task in taken]
+        if keep and not self._stopping:
+            kept = await asyncio.gather(*(t.suspend() for t in closing), return_exceptions=True)
+            for (key, task), ok in zip(taken, kept, strict=True):
+                if ok is True:
+                    self._suspended[key] = task
+            closing = [task for (_, task), ok in zip(taken, kept, strict=True) if ok is not True]
+        await self._close(closing)
+
+    async def _close_suspended(self) -> None:
+        """Close the kept tasks the new assignment did not hand back."""
+        closing = list(self._suspended.values())
+        self._suspended.clear()
+        await self._close(closing)
+
+    async def _close(self, closing: list[PartitionTask]) -> None:
         results = await asyncio.gather(*(t.close() for t in closing), return_exceptions=True)
         for task, result in zip(closing, results, strict=True):
             if isinstance(result, BaseException):
@@ -241,8 +273,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.source.assignment.rebalancing = True
-        await self.source._release(revoked)
+        await self.source._release(revoked, keep=True)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.source._acquire(assigned)
+        self.source._acquire(assigned)  # kept tasks it hands back go on from where they were
+        await self.source._close_suspended()
         self.source.assignment.rebalancing = False

@@ -1,0 +1,139 @@
+"""A rebalance that hands a worker back partitions it held keeps their tasks open: no
+store reopen, no restore; the partitions it loses are closed; state stays exact."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from streamapp import App, Event, Table, TableView
+from streamapp.engine.phase import Phase
+from streamapp.engine.task import PartitionTask
+from streamapp.kafka import codec
+from streamapp.kafka.topics import create_topics as create_app_topics
+from streamapp.partitioner import partition_for
+from streamapp.worker import Worker
+
+from .harness import lag
+from .test_failure_policies import _send_raw
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+
+
+def _app(ns: str, bootstrap: str, data_dir: Path) -> App:
+    app = App(
+        f"{ns}app",
+        kafka_bootstrap=bootstrap,
+        data_dir=data_dir,
+        web_port=0,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=500,
+    )
+    counts: Table[int] = Table("counts")
+
+    @app.agent(app.topic(f"{ns}in", partitions=PARTITIONS), tables=[counts])
+    async def count(event: Event, c: TableView[int]) -> None:
+        sid = event.stream_id
+        assert sid is not None
+        c[sid] = c.get(sid, 0) + 1
+
+    return app
+
+
+async def _until(check: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {within_s:.0f}s: {what}")
+
+
+async def _drained(bootstrap: str, group: str, topic: str) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if await lag(bootstrap, group, topic) == 0:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{topic} not drained by {group}")
+
+
+def _live(worker: Worker, n: int) -> Callable[[], bool]:
+    def check() -> bool:
+        tasks = worker.source.assignment.tasks
+        return len(tasks) == n and all(t.phase is Phase.LIVE and not t.busy for t in tasks.values())
+
+    return check
+
+
+def _counts(workers: list[Worker], topic: str, streams: list[str]) -> dict[str, int]:
+    """Each stream's count, read from the worker that owns its partition."""
+    out: dict[str, int] = {}
+    for sid in streams:
+        p = partition_for(sid.encode(), PARTITIONS)
+        for worker in workers:
+            task = worker.source.assignment.tasks.get((topic, p))
+            if task is not None and task.tables is not None:
+                out[sid] = task.tables.views[0].get(sid, 0)
+    return out
+
+
+async def test_partitions_handed_back_in_a_rebalance_stay_open(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    ns = f"keep{uuid.uuid4().hex[:6]}-"
+    topic = f"{ns}in"
+    first = _app(ns, kafka_bootstrap, tmp_path / "a")
+    await create_app_topics(first, first.settings())
+    streams = [f"s{i}" for i in range(40)]
+
+    async def send(n: int) -> None:
+        events = [Event.create("e", stream_id=streams[i % 40], data={}) for i in range(n)]
+        await _send_raw(kafka_bootstrap, topic, [codec.encode(e) for e in events])  # type: ignore[misc]
+
+    await send(400)
+    a = Worker(first, first.settings())
+    await a.start()
+    b: Worker | None = None
+    try:
+        await _until(_live(a, PARTITIONS), 60, "worker a live on every partition")
+        await _drained(kafka_bootstrap, first.id, topic)
+        before: dict[tuple[str, int], PartitionTask] = dict(a.source.assignment.tasks)
+        restored = sum(t.restored for t in before.values())
+
+        second = _app(ns, kafka_bootstrap, tmp_path / "b")
+        b = Worker(second, second.settings())
+        await b.start()
+        await _until(_live(a, PARTITIONS // 2), 60, "a keeps half the partitions")
+        await _until(_live(b, PARTITIONS // 2), 60, "b takes the other half")
+        after = a.source.assignment.tasks
+        kept = [key for key, task in after.items() if before.get(key) is task]
+        assert sorted(kept) == sorted(after)  # every partition a still has: the same task
+        assert sum(after[k].restored for k in kept) <= restored  # no restore on the way
+        for key, task in before.items():
+            if key not in after:
+                assert task.phase is Phase.CLOSED  # what a lost is closed
+
+        await send(400)
+        await _drained(kafka_bootstrap, first.id, topic)
+        both = [a, b]
+        await _until(lambda: sum(_counts(both, topic, streams).values()) == 800, 30, "800 applied")
+        assert set(_counts(both, topic, streams).values()) == {20}  # each event once, per stream
+    finally:
+        if b is not None:
+            await b.stop()
+    try:
+        await _until(_live(a, PARTITIONS), 60, "a takes every partition back")
+        await send(400)
+        await _drained(kafka_bootstrap, first.id, topic)
+        await _until(lambda: sum(_counts([a], topic, streams).values()) == 1200, 30, "all applied")
+        assert set(_counts([a], topic, streams).values()) == {30}
+    finally:
+        await a.stop()
