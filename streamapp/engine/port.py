@@ -62,6 +62,13 @@ class PartitionPort(Protocol):
         without a request (None: unknown). Gives lag in status and metrics."""
         ...
 
+    async def through(self, position: int) -> int:
+        """Where to settle once every delivery handed out is done and the last one is
+        just before ``position``: past what the transport skipped after it (Kafka:
+        transaction markers, aborted batches), so a caught-up partition of a
+        transactional topic shows no lag. Other transports: ``position``."""
+        ...
+
 
 class Transaction(Protocol):
     """One partition task's batches made durable atomically (Kafka: a transaction).

@@ -631,7 +631,8 @@ class PartitionTask:
                     metrics=self.metrics,
                 )
                 if run.reached != starts:
-                    await self._commit_live(chunk, run)
+                    last = i + size >= len(deliveries)
+                    await self._commit_live(chunk, run, whole=last and run.stop is None)
                 if run.refused is not None:
                     self._refused(run.refused)
                     return
@@ -673,12 +674,20 @@ class PartitionTask:
         failing = [lane.attempts.pause_s() for lane in self.lanes if lane.attempts.failed]
         return max(failing, default=self.config.redeliver_pause_s)
 
-    async def _commit_live(self, chunk: Sequence[Delivery], run: Run) -> None:
+    async def _commit_live(self, chunk: Sequence[Delivery], run: Run, *, whole: bool) -> None:
+        """Commit ``chunk``'s run; ``whole``: it ran to the end of what the source handed
+        out, so the settle may move past what the transport skipped after it."""
         before = self.next_position or 0
         for lane, reached in zip(self.lanes, run.reached, strict=True):
             if reached != SKIP:
                 lane.next = reached
         settle = min(run.reached)
+        if whole and not self._reseek and all(lane.next == settle for lane in self.lanes):
+            through = await self.port.through(settle)
+            if not self._reseek:  # nothing fetched meanwhile that the task did not run
+                settle = through
+                for lane in self.lanes:
+                    lane.next = settle
         stored = {
             lane: _store_position([d for d in chunk if d.position < (lane.next or 0)])
             for lane in self.lanes

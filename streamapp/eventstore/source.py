@@ -62,6 +62,9 @@ class _StorePort:
     def end(self) -> int | None:
         return None  # store positions are global: no per-partition end
 
+    async def through(self, position: int) -> int:
+        return position
+
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         task = self.task
         assert task is not None

@@ -115,6 +115,16 @@ class KafkaPartitionPort:
         log.info("%s has no checkpoint: starts at the %s offset %d", self.name, reset, start)
         return start
 
+    async def through(self, position: int) -> int:
+        """The consumer's position when it is past ``position`` (it skipped a commit
+        marker or an aborted batch after the last record it handed out)."""
+        try:
+            consumed = int(await self.consumer.position(self.tp))
+        except Exception as exc:  # not assigned any more: the checkpoint holds
+            log.debug("%s: no position (%r)", self.name, exc)
+            return position
+        return max(position, consumed)
+
     def end(self) -> int | None:
         """The high watermark from the last fetch response (no request)."""
         try:

@@ -114,6 +114,9 @@ class _MemoryPort:
     def end(self) -> int | None:
         return len(self.records)
 
+    async def through(self, position: int) -> int:
+        return position
+
     def pause(self) -> None:
         self.paused = True
 

@@ -173,6 +173,9 @@ class RabbitPartitionPort:
     def end(self) -> int | None:
         return None  # AMQP tells no queue end without a request: lag unknown here
 
+    async def through(self, position: int) -> int:
+        return position
+
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         if stateful and position is None and not earliest:
             error = ConfigError(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamapp import App, Event, Table, TableView
+from streamapp import App, Event, Send, Table, TableView
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
 from streamapp.kafka import codec
@@ -137,3 +137,47 @@ async def test_partitions_handed_back_in_a_rebalance_stay_open(
         assert set(_counts([a], topic, streams).values()) == {30}
     finally:
         await a.stop()
+
+
+async def test_a_caught_up_agent_on_a_transactional_topic_shows_no_lag(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Derived events are written in transactions: each ends with a commit marker. The
+    downstream agent commits past the marker it was handed with its last record, so its
+    group's lag reads 0 once caught up, not 1 per partition."""
+    ns = f"marker{uuid.uuid4().hex[:6]}-"
+    app = App(f"{ns}app", kafka_bootstrap=kafka_bootstrap, data_dir=tmp_path, web_port=0)
+    source = app.topic(f"{ns}in", partitions=2)
+    derived = app.topic(f"{ns}derived", partitions=2)
+    seen: Table[int] = Table("seen")
+
+    @app.agent(source, sinks=[derived])
+    async def forward(event: Event, *, send: Send) -> None:
+        sid = event.stream_id
+        assert sid is not None
+        send(derived, Event.create("derived", stream_id=sid, id=f"{event.id}/d"))
+
+    @app.agent(derived, tables=[seen])
+    async def count(event: Event, c: TableView[int]) -> None:
+        sid = event.stream_id
+        assert sid is not None
+        c[sid] = c.get(sid, 0) + 1
+
+    await create_app_topics(app, app.settings())
+    events = [Event.create("e", stream_id=f"s{i % 10}", data={}) for i in range(200)]
+    await _send_raw(kafka_bootstrap, source.name, [codec.encode(e) for e in events])  # type: ignore[misc]
+    worker = Worker(app, app.settings())
+    await worker.start()
+    try:
+        await _drained(kafka_bootstrap, app.id, source.name)
+        await _drained(kafka_bootstrap, app.id, derived.name)  # not stuck at 1 per partition
+        streams = [f"s{i}" for i in range(10)]
+        counts: dict[str, int] = {}
+        for sid in streams:
+            p = partition_for(sid.encode(), 2)
+            task = worker.source.assignment.tasks[(derived.name, p)]
+            assert task.tables is not None
+            counts[sid] = task.tables.views[0].get(sid, 0)
+        assert counts == dict.fromkeys(streams, 20)
+    finally:
+        await worker.stop()

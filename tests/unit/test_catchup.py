@@ -86,6 +86,9 @@ class LivePort:
     def end(self) -> int | None:
         return None
 
+    async def through(self, position: int) -> int:
+        return position
+
     async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
         self.begun.append(position)
         return position or 0

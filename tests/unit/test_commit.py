@@ -57,6 +57,9 @@ class Port:
     def end(self) -> int | None:
         return None
 
+    async def through(self, position: int) -> int:
+        return position
+
 
 class Transaction:
     def __init__(self) -> None:

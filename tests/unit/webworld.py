@@ -71,6 +71,9 @@ class Port:
     def end(self) -> int | None:
         return len(self.records)
 
+    async def through(self, position: int) -> int:
+        return position
+
 
 async def _no_park(delivery: Delivery, reason: str) -> bool:
     return False
