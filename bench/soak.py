@@ -202,8 +202,10 @@ async def drive(
             end = started + args.minutes * 60
             next_sample = started
             tick = 0.1
-            while (now := time.monotonic()) < end:
-                due = min(int((now - started) * args.rate), int(args.minutes * 60 * args.rate))
+            total = int(args.minutes * 60 * args.rate)
+            while produced < total:
+                now = time.monotonic()
+                due = total if now >= end else min(int((now - started) * args.rate), total)
                 futures = []
                 for i in range(produced, due):
                     key, value, headers = order_event(i, args.keys)
@@ -337,11 +339,12 @@ def soak_store(args: argparse.Namespace) -> dict[str, Any]:
             store.write(changes)
         done = min(first + batch, args.events)
         if done % args.sample_every < batch or done == args.events:
+            families = [f for s in stores for f in (s._db, *s._cfs.values())]
             memtables = sum(
-                int(s._db.property_int_value("rocksdb.cur-size-all-mem-tables")) for s in stores
-            )
+                int(f.property_int_value("rocksdb.cur-size-all-mem-tables")) for f in families
+            )  # per column family (the DB's own is the default family's)
             caches = {
-                int(s._db.property_int_value("rocksdb.block-cache-usage")) for s in stores
+                int(f.property_int_value("rocksdb.block-cache-usage")) for f in families
             }  # one value when the cache is shared
             samples.append(
                 {
