@@ -42,6 +42,9 @@ log = logging.getLogger("streamapp.catchup")
 _new = tuple.__new__
 
 PROGRESS_EVERY_S = 5.0
+PARTITION_CACHE_STREAMS = 100_000
+"""Stream ids whose partition the replay remembers (per partition count): ~15 MB at
+most, outside ``memory_limit_mb`` (README: Memory)."""
 
 
 class StoreFeed:
@@ -204,9 +207,9 @@ class StoreFeed:
 
     def _split(self, rows: list[StoredRow], n: int) -> list[list[int]]:
         """The indexes of ``rows`` by partition among ``n`` (stream ids' partitions
-        cached: murmur2 is ~3 us)."""
+        cached: murmur2 is ~3 us; at most :data:`PARTITION_CACHE_STREAMS` per ``n``)."""
         cache = self._partitions.setdefault(n, {})
-        if len(cache) > 1_000_000:
+        if len(cache) > PARTITION_CACHE_STREAMS:
             cache.clear()
         get = cache.get
         shares: list[list[int]] = [[] for _ in range(n)]

@@ -18,6 +18,9 @@ from .errors import ConfigError
 ENV_PREFIX = "STREAMAPP_"
 BROKERS = ("kafka", "rabbitmq", "none")
 DELAYED_POLICIES = ("immediate", "reject", "relay")
+DEFAULT_MEMORY_LIMIT_MB = 256
+MIN_MEMORY_LIMIT_MB = 16
+"""Below this, each partition store's memtables would flush after a few kilobytes."""
 NOT_SETTINGS = frozenset(
     {
         # scripts/services: where and how the local Kafka, RabbitMQ and PostgreSQL run
@@ -118,7 +121,11 @@ class Settings:
     table_cache_keys: int = 10_000
     """Committed values each partition store keeps in memory per table, and stream
     versions as many: the handlers' and the stream-version guard's reads of them skip
-    RocksDB. A worker holds at most this x (tables + 1) x partitions; 0: no cache."""
+    RocksDB. A worker holds at most this x (tables + 1) x partitions; 0: no cache.
+    Outside ``memory_limit_mb`` (README: Memory)."""
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
+    """RocksDB's memory for the whole worker: one block cache of this size, shared by
+    every partition store it opens, with their memtables charged to it (README: Memory)."""
     restore_stall_timeout_s: float = 60.0
     startup_retry: Backoff = field(default_factory=Backoff)
 
@@ -254,6 +261,12 @@ class Settings:
             )
         if self.table_cache_keys < 0:
             raise bad("table_cache_keys", "must be 0 (no cache) or more")
+        if self.memory_limit_mb < MIN_MEMORY_LIMIT_MB:
+            raise bad(
+                "memory_limit_mb",
+                f"must be at least {MIN_MEMORY_LIMIT_MB} (MB): RocksDB's block cache and "
+                "memtables of every partition store of this worker share it",
+            )
         if self.startup_retry.attempts < 1:
             raise ConfigError("setting startup_retry.attempts must be at least 1")
 

@@ -27,6 +27,7 @@ from .eventstore.base import EventStoreBackend
 from .repartition import refuse_broker
 from .settings import Settings
 from .sink import Sink
+from .tables.memory import rocks_memory
 from .web.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class Worker:
         self.relay: KafkaRelay | RabbitRelay | None = None
         self._web: web.AppRunner | None = None
         self.metrics = WorkerMetrics()
+        self.metrics.watch_memory(rocks_memory(settings.memory_limit_mb))
         self._stop = asyncio.Event()
         refuse_broker(app.agents.values(), settings.broker)
         refuse_chain(app, settings.broker)

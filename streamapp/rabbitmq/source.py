@@ -24,7 +24,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from pathlib import Path
 
 from aio_pika.abc import AbstractRobustConnection
 
@@ -39,7 +38,7 @@ from ..errors import SourceError
 from ..events import Event
 from ..repartition import refuse_broker
 from ..settings import Settings
-from ..tables.store import RocksStore, Store
+from ..tables.store import Store, rocks_opener
 from . import codec
 from .connection import connect, safe_url
 from .membership import Membership, Partitions, RabbitMembership, StaticMembership
@@ -158,11 +157,9 @@ class RabbitSource:
     def _task(self, spec: TopicSpec, p: int) -> PartitionTask:
         settings, topic = self.settings, spec.name
         name = f"{topic}[{p}]"
-        timeout, cache_keys = settings.store_open_timeout_s, settings.table_cache_keys
 
         def open_store(agent: Agent, spaces: list[str]) -> Store:
-            path = Path(settings.data_dir) / self.app.id / agent.name / str(p)
-            return RocksStore(path, spaces, open_timeout_s=timeout, cache_keys=cache_keys)
+            return rocks_opener(settings, self.app.id, agent.name, p)(spaces)
 
         assert self._connection is not None
         task: PartitionTask

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import StoreClosedError, StoreFormatError, StoreLockedError
-from ..settings import Settings
+from ..settings import DEFAULT_MEMORY_LIMIT_MB, Settings
+from .memory import RocksMemory, rocks_memory
 
 Changes = Mapping[str, Mapping[bytes, bytes | None]]
 """space -> key -> value; ``None`` deletes the key."""
@@ -110,6 +111,9 @@ class RocksStore:
     chunk; without the cache every event paid two RocksDB reads (its stream version and
     its table value). Every call runs on the event loop's thread (rocksdict holds the
     GIL anyway), so the cache needs no lock.
+
+    RocksDB's own memory (block cache, memtables) is ``memory``, shared by every store
+    of the process (default: that of the default ``memory_limit_mb``).
     """
 
     def __init__(
@@ -119,25 +123,27 @@ class RocksStore:
         *,
         open_timeout_s: float = 30.0,
         cache_keys: int = CACHE_KEYS,
+        memory: RocksMemory | None = None,
     ) -> None:
         from rocksdict import WriteOptions
 
         self.path = path
         self._names = list(dict.fromkeys(spaces))
         self._open_timeout_s = open_timeout_s
+        self.memory = memory or rocks_memory(DEFAULT_MEMORY_LIMIT_MB)
         self._wopts = WriteOptions()
         self._cache = {name: _Cache(cache_keys) for name in self._names}
         self._open()
 
     def _open(self) -> None:
-        from rocksdict import Options, Rdict
+        from rocksdict import Rdict
 
         path, names, open_timeout_s = self.path, self._names, self._open_timeout_s
         path.mkdir(parents=True, exist_ok=True)
-        opts = Options(raw_mode=True)
+        opts = self.memory.options()
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
-        families = {name: Options(raw_mode=True) for name in names}
+        families = {name: self.memory.options() for name in names}
         deadline = time.monotonic() + open_timeout_s
         delay = 0.05
         while True:
@@ -275,9 +281,11 @@ class _Cache(dict[bytes, bytes | None]):
         return value
 
     def wrote(self, changes: Mapping[bytes, bytes | None]) -> None:
-        """Take the values of a successful write."""
+        """Take the values of a successful write, as exact-size copies: a value made by
+        orjson keeps the ~4 KB buffer it was built in (glibc shrinks it in place; the
+        tail stays unusable), so a cached value would hold 4 KB, not its length."""
         if self._bound:
-            self.update(changes)
+            self.update({k: v if v is None else bytes(memoryview(v)) for k, v in changes.items()})
             if len(self) > self._bound:
                 self._evict()
 
@@ -294,8 +302,11 @@ def rocks_opener(
     timeout = settings.store_open_timeout_s
 
     cache_keys = settings.table_cache_keys
+    memory = rocks_memory(settings.memory_limit_mb)
 
     def open_store(spaces: list[str]) -> Store:
-        return RocksStore(path, spaces, open_timeout_s=timeout, cache_keys=cache_keys)
+        return RocksStore(
+            path, spaces, open_timeout_s=timeout, cache_keys=cache_keys, memory=memory
+        )
 
     return open_store

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from ..engine.assignment import Assignment
 from ..engine.phase import Phase
 from ..outcomes import Outcome
+from ..tables.memory import RocksMemory
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SIZES = (1, 5, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000)
@@ -115,6 +116,10 @@ class WorkerMetrics:
         """Report ``assignment``'s partitions (phase, lag, table sizes) at each scrape."""
         self.registry.register(_AssignmentCollector(assignment))
 
+    def watch_memory(self, memory: RocksMemory) -> None:
+        """Report the worker's RocksDB memory (setting ``memory_limit_mb``) at each scrape."""
+        self.registry.register(_MemoryCollector(memory))
+
     def render(self) -> bytes:
         """The registry in the Prometheus text format."""
         return generate_latest(self.registry)
@@ -199,3 +204,24 @@ class _AssignmentCollector(Collector):
         yield phases
         yield lag
         yield sizes
+
+
+class _MemoryCollector(Collector):
+    """The shared block cache and memtables of every partition store, read when scraped."""
+
+    def __init__(self, memory: RocksMemory) -> None:
+        self.memory = memory
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "streamapp_rocksdb_memory_bytes",
+            "RocksDB memory of all partition stores: limit (memory_limit_mb), cache (block "
+            "cache, memtable reservations included), memtables.",
+            labels=["part"],
+        )
+        for part, value in self.memory.usage().items():
+            gauge.add_metric([part], float(value))
+        yield gauge
