@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -80,13 +81,16 @@ async def raw_aiokafka(bootstrap: str, topic: str, n_events: int) -> float:
     )
     await consumer.start()
     try:
-        seen, first, started = 0, 0, 0.0
+        seen, first, started, asked = 0, 0, 0.0, 0.0
         while seen < n_events:
+            asked = time.perf_counter()
             batch = await consumer.getmany(timeout_ms=500)
             n = sum(len(recs) for recs in batch.values())
             if n and not seen:
                 started, first = time.perf_counter(), n  # count from the first fetch on
             seen += n
+        if seen == first:  # a small topic, read in one fetch: time that fetch
+            return seen / (time.perf_counter() - asked)
         return (seen - first) / (time.perf_counter() - started)
     finally:
         await consumer.stop()
@@ -109,7 +113,8 @@ async def streamapp_worker(bootstrap: str, topic: str, n_events: int, data_dir: 
     try:
         started, base = None, 0
         while True:
-            done = sum(p["processed"] for p in worker.source.status().values())
+            assert worker.source is not None
+            done = sum(t.processed for t in worker.source.assignment.tasks.values())
             if started is None and done:
                 started, base = time.perf_counter(), done
             if done >= n_events:
@@ -122,26 +127,38 @@ async def streamapp_worker(bootstrap: str, topic: str, n_events: int, data_dir: 
 
 
 def rival(
-    name: str, topic: str, events: int, orders: int, guarantee: str
+    name: str,
+    bootstrap: str,
+    topic: str,
+    events: int,
+    orders: int,
+    flags: Sequence[str] = (),
+    timeout_s: float = 900,
+    topic_events: int | None = None,
 ) -> tuple[float | None, str | None]:
-    """(events/s, warning) of one rival, run by bench/rivals.py in its own process."""
+    """(events/s, warning) of one rival, run by bench/rivals.py in its own process, over
+    the first ``events`` of the topic's ``topic_events``; ``flags`` are rivals.py's
+    (``--exactly-once``, ``--recovery``)."""
     cmd = [
         sys.executable,
         str(ROOT / "bench" / "rivals.py"),
         name,
+        "--bootstrap",
+        bootstrap,
         "--topic",
         topic,
         "--events",
         str(events),
         "--orders",
         str(orders),
+        "--topic-events",
+        str(topic_events or events),
+        *flags,
     ]
-    if guarantee == "exactly-once":
-        cmd.append("--exactly-once")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        return None, "timed out after 900 s"
+        return None, f"timed out after {timeout_s:.0f} s"
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -180,7 +197,10 @@ async def main() -> None:
             )
         for name in rivals:
             n = min(args.events, args.faust_events) if name == "faust" else args.events
-            rate, warning = rival(name, topic, n, args.orders, args.rival_guarantee)
+            flags = ["--exactly-once"] if args.rival_guarantee == "exactly-once" else []
+            rate, warning = rival(
+                name, args.bootstrap, topic, n, args.orders, flags, topic_events=args.events
+            )
             if warning:
                 problems[name] = warning
             if rate is not None:
