@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import report  # noqa: E402
-from orders_projection import produce, raw_aiokafka, rival, streamapp_worker  # noqa: E402
+from orders_projection import produce, rival  # noqa: E402
 
 PARTS = ("throughput", "latency", "replay", "restore", "rabbitmq", "views")
 
@@ -148,19 +148,29 @@ def ratio(a: float | None, b: float | None) -> float | None:
 async def run_contender(
     c: Contender, args: argparse.Namespace, topic: str, orders: int
 ) -> tuple[float | None, str | None]:
-    """(events/s, problem) of one run of ``c`` over ``topic``."""
-    try:
-        if c.kind == "raw":
-            return await raw_aiokafka(args.bootstrap, topic, args.events), None
-        if c.kind == "streamapp":
-            with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
-                return await streamapp_worker(args.bootstrap, topic, args.events, data_dir), None
-    except Exception as exc:  # a failed run is reported, the others still run
-        return None, f"failed: {exc!r}"
+    """(events/s, problem) of one run of ``c`` over ``topic``, in a fresh process (as every
+    contender: nothing one run leaves behind slows the next)."""
+    if c.kind in ("raw", "streamapp"):
+        return await asyncio.to_thread(ours, c.kind, args.bootstrap, topic, args.events)
     n = min(args.events, args.faust_events) if c.kind == "faust" else args.events
     return await asyncio.to_thread(
         rival, c.kind, args.bootstrap, topic, n, orders, c.flags, args.rival_timeout, args.events
     )
+
+
+def ours(kind: str, bootstrap: str, topic: str, events: int) -> tuple[float | None, str | None]:
+    """raw aiokafka or streamapp, run by bench/orders_projection.py --one."""
+    cmd = [sys.executable, str(ROOT / "bench" / "orders_projection.py"), "--one", kind]
+    cmd += ["--bootstrap", bootstrap, "--topic", topic, "--events", str(events)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    except subprocess.TimeoutExpired:
+        return None, "timed out after 300 s"
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = [x for x in done.stderr.strip().splitlines() if "Got error" not in x]
+        return None, f"failed: {(tail or ['no output'])[-1][:300]}"
+    return float(json.loads(lines[-1])["rate"]), None
 
 
 def run_part(script: str, options: list[str], timeout_s: float) -> dict[str, Any]:

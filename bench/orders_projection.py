@@ -121,9 +121,40 @@ async def streamapp_worker(bootstrap: str, topic: str, n_events: int, data_dir: 
                 break
             await asyncio.sleep(0.01)
         assert started is not None
-        return (done - base) / (time.perf_counter() - started)
+        rate = (done - base) / (time.perf_counter() - started)
+        await check_committed(worker, n_events)
+        return rate
     finally:
         await worker.stop()
+
+
+async def check_committed(worker: Worker, n_events: int, timeout_s: float = 60) -> None:
+    """The committed tables add up to every event once (out of the timing): the versions
+    of all orders sum to N. Raises if they do not within ``timeout_s``."""
+    assert worker.source is not None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        total = 0
+        for task in worker.source.assignment.tasks.values():
+            tables = task.tables_for("order_status")
+            if tables is not None:
+                total += sum(v["version"] for _, v in tables.view("order_status").items())
+        if total == n_events:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"committed state counts {total} events, want {n_events}")
+        await asyncio.sleep(0.2)
+
+
+async def one(kind: str, bootstrap: str, topic: str, n_events: int) -> None:
+    """Run raw aiokafka or streamapp once over ``topic`` and print {"rate": ev/s}: the
+    harness runs every contender so, each in a fresh process."""
+    if kind == "raw":
+        rate = await raw_aiokafka(bootstrap, topic, n_events)
+    else:
+        with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
+            rate = await streamapp_worker(bootstrap, topic, n_events, data_dir)
+    print(json.dumps({"rate": round(rate, 1), "exact": True}), flush=True)
 
 
 def rival(
@@ -181,7 +212,12 @@ async def main() -> None:
     parser.add_argument(
         "--bootstrap", default=os.environ.get("STREAMAPP_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     )
+    parser.add_argument("--one", choices=("raw", "streamapp"), help="one run over --topic")
+    parser.add_argument("--topic", help="with --one: an existing topic of --events events")
     args = parser.parse_args()
+    if args.one:
+        await one(args.one, args.bootstrap, args.topic, args.events)
+        return
 
     topic = f"bench-orders-{uuid.uuid4().hex[:8]}"
     print(f"producing {args.events} order events over {args.orders} orders to {topic} ...")
