@@ -7,6 +7,7 @@ past run's file can be shown again: ``.venv/bin/python bench/report.py bench/res
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,13 @@ def figures(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     bw = results.get("throughput", {}).get("10k-orders-defaults", {}).get("contenders", {})
     over = bw.get("Bytewax recovery 1 s", {}).get("streamapp_over_it")
+    pairs = paired_ratio(bw, "streamapp", "Bytewax recovery 1 s")
     rows.append(
         (
             "streamapp / Bytewax (recovery every 1 s), 10,000 orders",
-            "n/a" if over is None else f"{over:.2f}",
+            "n/a"
+            if over is None
+            else f"{over:.2f}" + ("" if pairs is None else f" (per-round pairs {pairs:.2f})"),
             f">= {BYTEWAX_GOAL} " + verdict(over, lambda x: x >= BYTEWAX_GOAL),
         )
     )
@@ -117,6 +121,15 @@ def figures(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             )
         )
     return rows
+
+
+def paired_ratio(contenders: dict[str, Any], a: str, b: str) -> float | None:
+    """Median over rounds of a/b, each round's two runs taken in the same round (steadier
+    than a ratio of medians on a noisy machine); None unless both ran every round."""
+    ra, rb = contenders.get(a, {}).get("rates", []), contenders.get(b, {}).get("rates", [])
+    if not ra or len(ra) != len(rb):
+        return None
+    return float(statistics.median(x / y for x, y in zip(ra, rb, strict=True)))
 
 
 def na(part: dict[str, Any]) -> str:
