@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -80,13 +81,16 @@ async def raw_aiokafka(bootstrap: str, topic: str, n_events: int) -> float:
     )
     await consumer.start()
     try:
-        seen, first, started = 0, 0, 0.0
+        seen, first, started, asked = 0, 0, 0.0, 0.0
         while seen < n_events:
+            asked = time.perf_counter()
             batch = await consumer.getmany(timeout_ms=500)
             n = sum(len(recs) for recs in batch.values())
             if n and not seen:
                 started, first = time.perf_counter(), n  # count from the first fetch on
             seen += n
+        if seen == first:  # a small topic, read in one fetch: time that fetch
+            return seen / (time.perf_counter() - asked)
         return (seen - first) / (time.perf_counter() - started)
     finally:
         await consumer.stop()
@@ -109,39 +113,83 @@ async def streamapp_worker(bootstrap: str, topic: str, n_events: int, data_dir: 
     try:
         started, base = None, 0
         while True:
-            done = sum(p["processed"] for p in worker.source.status().values())
+            assert worker.source is not None
+            done = sum(t.processed for t in worker.source.assignment.tasks.values())
             if started is None and done:
                 started, base = time.perf_counter(), done
             if done >= n_events:
                 break
             await asyncio.sleep(0.01)
         assert started is not None
-        return (done - base) / (time.perf_counter() - started)
+        rate = (done - base) / (time.perf_counter() - started)
+        await check_committed(worker, n_events)
+        return rate
     finally:
         await worker.stop()
 
 
+async def check_committed(worker: Worker, n_events: int, timeout_s: float = 60) -> None:
+    """The committed tables add up to every event once (out of the timing): the versions
+    of all orders sum to N. Raises if they do not within ``timeout_s``."""
+    assert worker.source is not None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        total = 0
+        for task in worker.source.assignment.tasks.values():
+            tables = task.tables_for("order_status")
+            if tables is not None:
+                total += sum(v["version"] for _, v in tables.view("order_status").items())
+        if total == n_events:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"committed state counts {total} events, want {n_events}")
+        await asyncio.sleep(0.2)
+
+
+async def one(kind: str, bootstrap: str, topic: str, n_events: int) -> None:
+    """Run raw aiokafka or streamapp once over ``topic`` and print {"rate": ev/s}: the
+    harness runs every contender so, each in a fresh process."""
+    if kind == "raw":
+        rate = await raw_aiokafka(bootstrap, topic, n_events)
+    else:
+        with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
+            rate = await streamapp_worker(bootstrap, topic, n_events, data_dir)
+    print(json.dumps({"rate": round(rate, 1), "exact": True}), flush=True)
+
+
 def rival(
-    name: str, topic: str, events: int, orders: int, guarantee: str
+    name: str,
+    bootstrap: str,
+    topic: str,
+    events: int,
+    orders: int,
+    flags: Sequence[str] = (),
+    timeout_s: float = 900,
+    topic_events: int | None = None,
 ) -> tuple[float | None, str | None]:
-    """(events/s, warning) of one rival, run by bench/rivals.py in its own process."""
+    """(events/s, warning) of one rival, run by bench/rivals.py in its own process, over
+    the first ``events`` of the topic's ``topic_events``; ``flags`` are rivals.py's
+    (``--exactly-once``, ``--recovery``)."""
     cmd = [
         sys.executable,
         str(ROOT / "bench" / "rivals.py"),
         name,
+        "--bootstrap",
+        bootstrap,
         "--topic",
         topic,
         "--events",
         str(events),
         "--orders",
         str(orders),
+        "--topic-events",
+        str(topic_events or events),
+        *flags,
     ]
-    if guarantee == "exactly-once":
-        cmd.append("--exactly-once")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        return None, "timed out after 900 s"
+        return None, f"timed out after {timeout_s:.0f} s"
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -164,7 +212,12 @@ async def main() -> None:
     parser.add_argument(
         "--bootstrap", default=os.environ.get("STREAMAPP_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     )
+    parser.add_argument("--one", choices=("raw", "streamapp"), help="one run over --topic")
+    parser.add_argument("--topic", help="with --one: an existing topic of --events events")
     args = parser.parse_args()
+    if args.one:
+        await one(args.one, args.bootstrap, args.topic, args.events)
+        return
 
     topic = f"bench-orders-{uuid.uuid4().hex[:8]}"
     print(f"producing {args.events} order events over {args.orders} orders to {topic} ...")
@@ -180,7 +233,10 @@ async def main() -> None:
             )
         for name in rivals:
             n = min(args.events, args.faust_events) if name == "faust" else args.events
-            rate, warning = rival(name, topic, n, args.orders, args.rival_guarantee)
+            flags = ["--exactly-once"] if args.rival_guarantee == "exactly-once" else []
+            rate, warning = rival(
+                name, args.bootstrap, topic, n, args.orders, flags, topic_events=args.events
+            )
             if warning:
                 problems[name] = warning
             if rate is not None:

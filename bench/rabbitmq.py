@@ -318,6 +318,7 @@ async def main() -> None:
     parser.add_argument("--orders", type=int, default=1_000)
     parser.add_argument("--publish", type=int, default=3_000, help="messages per publish run")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None, help="where to write the figures")
     parser.add_argument(
         "--amqp", default=os.environ.get("STREAMAPP_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
     )
@@ -383,7 +384,7 @@ async def main() -> None:
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = out / f"rabbitmq-{stamp}.json"
+    path = args.json or out / f"rabbitmq-{stamp}.json"
     path.write_text(
         json.dumps(
             {
@@ -408,7 +409,7 @@ async def main() -> None:
             indent=2,
         )
     )
-    print(f"written to {path.relative_to(ROOT)}")
+    print(f"written to {path}")
 
 
 if __name__ == "__main__":

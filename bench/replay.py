@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import shutil
 import statistics
 import sys
@@ -105,7 +107,9 @@ def check(tasks: dict[Any, Any], n: int) -> None:
 async def pg_url(n: int) -> str:
     import psycopg
 
-    base = "postgresql://postgres@127.0.0.1:5432/streamapp"
+    base = os.environ.get(
+        "STREAMAPP_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/streamapp"
+    )
     schema = f"bench_replay_{n}"
     async with await psycopg.AsyncConnection.connect(base, autocommit=True) as conn:
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -118,6 +122,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stores", default="sqlite,postgres")
     parser.add_argument("--profile", action="store_true", help="pyinstrument the last round")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     cache = ROOT / "bench" / ".cache"
     cache.mkdir(parents=True, exist_ok=True)
@@ -153,6 +158,18 @@ async def main() -> None:
     for kind, values in rates.items():
         shown = ", ".join(f"{v:,.0f}" for v in values)
         print(f"| {kind} | {statistics.median(values):,.0f} | {shown} |")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "events": args.events,
+                    "orders": ORDERS,
+                    "rates": rates,
+                    "medians": {k: statistics.median(v) for k, v in rates.items()},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -161,6 +162,7 @@ async def main(args: argparse.Namespace) -> None:
         "2 workers, 8 partitions, 1,000 orders"
     )
     print(f"{'mode':10} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>9}  goal p99")
+    figures = []
     for (mode, conc), runs in results.items():
         p50 = statistics.median(r[0] for r in runs)
         p99 = statistics.median(r[1] for r in runs)
@@ -168,6 +170,13 @@ async def main(args: argparse.Namespace) -> None:
         goal = GOALS_P99_MS[mode]
         met = "met" if p99 <= goal else "NOT met"
         print(f"{mode:10} {conc:>4} {p50:>8.2f} {p99:>8.2f} {rps:>9,.0f}  <= {goal:g} ms {met}")
+        figures.append(
+            {"mode": mode, "concurrency": conc, "p50_ms": p50, "p99_ms": p99, "rps": rps}
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"requests": args.requests, "rounds": args.rounds, "runs": figures})
+        )
 
 
 if __name__ == "__main__":
@@ -180,4 +189,5 @@ if __name__ == "__main__":
         default=[1, 8],
         help="comma-separated concurrencies (default 1,8)",
     )
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,104 @@
+"""The bench harness's report and the rivals' state check, on made-up figures (no broker,
+no timing: what is checked is the arithmetic and the layout, never a speed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+import rivals  # noqa: E402
+
+
+def results() -> dict[str, Any]:
+    def contender(rates: list[float], median: float, raw: float, mine: float) -> dict[str, Any]:
+        return {
+            "rates": rates,
+            "median": median,
+            "over_raw": median / raw,
+            "streamapp_over_it": mine / median,
+            "problem": None,
+        }
+
+    box = {"cpus": 2, "kafka": "Apache Kafka 4.1.2 (KRaft)", "loadavg": [1.0, 1.0, 1.0]}
+    return {
+        "date": "2026-01-01",
+        "rounds": 3,
+        "machine_before": box,
+        "machine_after": {"loadavg": [1.5, 1.0, 1.0]},
+        "throughput": {
+            "10k-orders-defaults": {
+                "title": "10,000 orders, rivals at their defaults",
+                "events": 100_000,
+                "orders": 10_000,
+                "faust_events": 20_000,
+                "contenders": {
+                    "raw aiokafka": contender([90.0, 100.0, 110.0], 100.0, 100.0, 60.0),
+                    "streamapp": contender([50.0, 60.0, 70.0], 60.0, 100.0, 60.0),
+                    "Bytewax recovery 1 s": contender([40.0, 40.0, 50.0], 40.0, 100.0, 60.0),
+                    "faust at-least-once": {
+                        "rates": [],
+                        "median": None,
+                        "over_raw": None,
+                        "streamapp_over_it": None,
+                        "problem": "failed: no faust",
+                    },
+                },
+            }
+        },
+        "latency": {"rate": 2000, "p50_ms": 12.0, "p99_ms": 40.0},
+        "replay": {"n/a": "not run (--parts)"},
+        "restore": {"median_records_per_s": 50_000.0},
+        "rabbitmq": {"consume": {"ratio_streamapp_raw": 0.9, "paired_ratio_streamapp_raw": 0.85}},
+        "views": {
+            "runs": [
+                {"mode": "local", "concurrency": 1, "p50_ms": 0.5, "p99_ms": 1.5, "rps": 900.0},
+                {"mode": "forwarded", "concurrency": 1, "p50_ms": 3, "p99_ms": 12.0, "rps": 300},
+            ]
+        },
+    }
+
+
+def test_the_table_gives_medians_ratios_and_goals() -> None:
+    text = report.tables(results())
+    assert "| 10,000 orders (100k) | streamapp | 60 | 0.60 | 1.00 | 50, 60, 70 |" in text
+    assert "| 10,000 orders (20k) | faust at-least-once | n/a | | | failed: no faust |" in text
+    bytewax = "| streamapp / Bytewax (recovery every 1 s), 10,000 orders | 1.50"
+    assert bytewax + " (per-round pairs 1.40) | >= 1.2 (met) |" in text
+    assert "12.0 ms / 40.0 ms" in text
+    assert "n/a: not run (--parts)" in text
+    assert "50,000 records/s" in text
+    assert "0.90 (per-round pairs 0.85) | >= 0.8 (met)" in text
+    assert "<= 2 ms (met)" in text
+    assert "<= 10 ms (NOT met)" in text
+
+
+def test_the_chart_is_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "chart.png"
+    report.chart(results(), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_state_check_of_a_whole_read() -> None:
+    state = {f"order-{i:05d}": {"version": 3} for i in range(10)}
+    assert rivals.check(state, 30, 10)[0]
+    state["order-00003"] = {"version": 2}
+    assert not rivals.check(state, 30, 10)[0]
+
+
+def test_the_state_check_of_a_read_of_the_first_events_only() -> None:
+    # 10 of the topic's 30 events over 10 orders, read in some partition interleaving
+    state = {f"order-{i:05d}": {"version": 2} for i in range(5)}
+    assert rivals.check(state, 10, 10, topic_events=30)[0]
+    state["order-00000"] = {"version": 4}  # above the 3 events the topic holds for it
+    state["order-00001"] = {"version": 0}
+    assert not rivals.check(state, 10, 10, topic_events=30)[0]
+    state = {f"order-{i:05d}": {"version": 2} for i in range(4)}  # 8 of 10: two lost
+    assert not rivals.check(state, 10, 10, topic_events=30)[0]
