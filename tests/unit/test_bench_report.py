@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -77,13 +75,6 @@ def test_the_table_gives_medians_ratios_and_goals() -> None:
     assert "0.90 (per-round pairs 0.85) | >= 0.8 (met)" in text
     assert "<= 2 ms (met)" in text
     assert "<= 10 ms (NOT met)" in text
-
-
-def test_the_chart_is_written(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "chart.png"
-    report.chart(results(), path)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_state_check_of_a_whole_read() -> None:
