@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -220,13 +220,21 @@ class Worker:
         log.info(
             "worker %s stopping: finishing batches, flushing tables, leaving the group", self.id
         )
+        shutdown = asyncio.create_task(self._shutdown(), name="worker shutdown")
         try:
-            await asyncio.wait_for(self._shutdown(), self.settings.shutdown_timeout_s)
-        except TimeoutError:
+            await asyncio.wait({shutdown}, timeout=self.settings.shutdown_timeout_s)
+        except asyncio.CancelledError:
+            shutdown.cancel()
+            raise
+        if not shutdown.done():
+            _log_stuck(asyncio.current_task())
+            shutdown.cancel()
+            await asyncio.wait({shutdown}, timeout=5.0)
             raise ShutdownTimeoutError(
                 f"worker {self.id} did not stop within {self.settings.shutdown_timeout_s:.0f}s "
                 "(setting shutdown_timeout_s); batches in hand are redelivered to the next owner"
-            ) from None
+            )
+        shutdown.result()
         log.info("worker %s stopped", self.id)
 
     async def _shutdown(self) -> None:
@@ -268,3 +276,23 @@ class Worker:
             for task in watched:
                 if task in done and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
+
+
+def _log_stuck(current: asyncio.Task[object] | None) -> None:
+    """Log where every task still running waits: what a stop that timed out waited for."""
+    for task in asyncio.all_tasks():
+        if task is current or task.done():
+            continue
+        where: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None and len(where) < 20:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                where.append(type(awaited).__name__)
+                break
+            code = frame.f_code
+            where.append(f"{code.co_name} ({os.path.basename(code.co_filename)}:{frame.f_lineno})")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        log.warning(
+            "still running at the stop timeout: %r in %s", task.get_name(), " > ".join(where)
+        )

@@ -13,7 +13,6 @@ does not own answers 421, which the asking worker turns into 503 + Retry-After.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -33,6 +32,8 @@ log = logging.getLogger("streamapp.members")
 
 TICK_S = 0.2
 """How often a worker compares its partitions with what it last wrote."""
+TOMBSTONE_TIMEOUT_S = 5.0
+"""How long a leaving worker tries to write its tombstone (a bound on the stop)."""
 REFRESH_S = 30.0
 """A worker rewrites its record this often even when nothing changed."""
 
@@ -88,8 +89,11 @@ class KafkaMembers:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._consumer is not None:
-            with contextlib.suppress(PublishError):
-                await self.sink.publish(self.topic, None, key=self.worker_id.encode())
+            try:  # best effort: the next owner's claim wins anyway, just later
+                async with asyncio.timeout(TOMBSTONE_TIMEOUT_S):
+                    await self.sink.publish(self.topic, None, key=self.worker_id.encode())
+            except (PublishError, TimeoutError) as exc:
+                log.warning("%s: no tombstone written on leave (%r)", self.topic, exc)
             await self._consumer.stop()
 
     # Directory ------------------------------------------------------------------------

@@ -97,10 +97,11 @@ class KafkaSink:
         unknown (publish again; consumers downstream must be idempotent).
         """
         try:
-            fut = await self._producer.send(
-                topic, value, key=key, headers=list(headers), partition=partition
-            )
-            await asyncio.wait_for(fut, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # send() may wait for metadata too
+                fut = await self._producer.send(
+                    topic, value, key=key, headers=list(headers), partition=partition
+                )
+                await fut
         except Exception as exc:
             raise PublishError(
                 f"publish to topic {topic!r} not confirmed within {self.timeout_s:.0f}s "

@@ -39,6 +39,8 @@ from .topics import check_topics, delete_retention_ms
 from .transaction import KafkaTransaction
 
 log = logging.getLogger("streamapp.kafka")
+POLL_STOP_GRACE_S = 2.0
+"""How long past one poll a stop waits for the poll loop before cancelling it."""
 
 
 def decode(delivery: Delivery) -> Event:
@@ -110,6 +112,13 @@ class KafkaSource:
         """Finish batches in hand, flush, commit, close stores, leave the group."""
         self._stopping = True
         if self._loop_task is not None:
+            # A poll ends within poll_timeout_ms, except while a rebalance is under way:
+            # aiokafka's getmany then waits for the assignment, however long it takes.
+            bound = self.settings.poll_timeout_ms / 1000 + POLL_STOP_GRACE_S
+            await asyncio.wait({self._loop_task}, timeout=bound)
+            if not self._loop_task.done():
+                log.warning("polling did not end within %.1fs (a rebalance?): cancelled", bound)
+                self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._release(list(self.assignment.tasks))
         await self._close_suspended()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 
 from streamapp import App, Backoff, Event, Table, TableView
 from streamapp.cli import main
-from streamapp.errors import BrokerUnavailableError, ConfigError
+from streamapp.errors import BrokerUnavailableError, ConfigError, ShutdownTimeoutError
 from streamapp.worker import Worker
 
 
@@ -151,3 +152,40 @@ async def test_store_only_worker_needs_no_broker(tmp_path: Path) -> None:
         assert set(worker.source.assignment.tasks) == {("in", 0), ("in", 1)}
     finally:
         await worker.stop()
+
+
+async def test_a_stop_past_its_timeout_says_where_it_waits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = App("stuck")
+
+    @app.agent(app.topic("in", partitions=1))
+    async def agent(event: Event) -> None:
+        pass
+
+    settings = app.settings(
+        broker="none",
+        event_store=f"sqlite:///{tmp_path}/e.db",
+        web_port=0,
+        data_dir=tmp_path,
+        rebalance_timeout_ms=1000,
+        batch_budget_ms=500,
+        shutdown_timeout_s=0.6,
+    )
+    worker = Worker(app, settings)
+    await worker.start()
+    assert worker.source is not None
+    source_stop = worker.source.stop
+    never = asyncio.Event()
+
+    async def wedged_stop() -> None:
+        await never.wait()
+
+    worker.source.stop = wedged_stop  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ShutdownTimeoutError, match="shutdown_timeout_s"):
+            await worker.stop()
+        stuck = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+        assert any("'worker shutdown'" in m and "wedged_stop" in m for m in stuck), stuck
+    finally:
+        await source_stop()  # the cancelled shutdown closed the rest
