@@ -6,8 +6,9 @@ once its failures are spent, to ``{topic}-dlq`` (:func:`dead_letter`), on the pa
 of the original. The relay (:mod:`streamapp.kafka.relay`, :mod:`streamapp.rabbitmq.relay`
 and the memory broker's) republishes a due copy to its origin topic
 (:func:`republished`). The copy goes out with the batch's commit (Kafka: in its
-transaction with the offset; RabbitMQ: a confirmed publish before the store write and
-the acks), so the original is settled only with its copy.
+transaction with the table checkpoints, or with the offset for an agent without tables;
+RabbitMQ: a confirmed publish before the store write and the acks), so the original is
+settled only with its copy.
 
 Header contract (values are ASCII decimal numbers or names):
 

@@ -4,11 +4,12 @@ A partition task commits the open batch of every lane (agent) of its partition h
 their tables' changes and checkpoints, their derived events, and the source position
 up to which every lane has settled. The order:
 
-1. the changelogs get every lane's changes and checkpoint, with the derived events sent
-   and the source position, atomically (Kafka: one transaction; a new owner restores
-   only committed batches, a ``read_committed`` reader sees only committed sends).
-   Without a transaction (RabbitMQ, the memory broker) the derived events are
-   published, confirmed, here instead;
+1. the changelogs get every lane's changes and checkpoint, with the derived events sent,
+   atomically (Kafka: one transaction; a new owner restores only committed batches, a
+   ``read_committed`` reader sees only committed sends). When a lane has no tables, and
+   so no checkpoint, the source position is in that transaction too (Kafka's
+   ``send_offsets_to_transaction``). Without a transaction (RabbitMQ, the memory
+   broker) the derived events are published, confirmed, here instead;
 2. each lane's store gets the same changes and checkpoint in one atomic write;
 3. the source settles up to the position (acks; a Kafka offset not in 1).
 
@@ -85,7 +86,12 @@ class Commit:
         settled = False
         positions: list[int | None] = [None] * len(changes)
         if self.transaction is not None:
-            settle = None if settle_at is None else Committed(settle_at, ahead)
+            # A lane without tables has no checkpoint: its position is the offset, which
+            # must then be in the transaction. Lanes with tables resume from their
+            # checkpoints (in the transaction): their offset is settled after the store
+            # write, and the transaction is two round trips shorter.
+            in_txn = settle_at is not None and any(lane.tables is None for lane in self.lanes)
+            settle = Committed(settle_at, ahead) if in_txn and settle_at is not None else None
             committed = await self.transaction.commit(
                 [(lane.agent, batch) for lane, batch in changes], outputs, settle
             )

@@ -18,6 +18,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 
 from ..engine.port import NO_LANES, Committed
 from ..errors import SourceError
+from .commits import OffsetCommits
 
 log = logging.getLogger("streamapp.partition")
 
@@ -54,9 +55,10 @@ class KafkaPartitionPort:
         *,
         admin: AIOKafkaAdminClient | None = None,
         group_id: str = "",
+        commits: OffsetCommits | None = None,
     ) -> None:
         self.consumer, self.tp, self.reset = consumer, tp, reset
-        self.admin, self.group_id = admin, group_id
+        self.admin, self.group_id, self.commits = admin, group_id, commits
         self.name = f"{tp.topic}[{tp.partition}]"
 
     def pause(self) -> None:
@@ -69,7 +71,12 @@ class KafkaPartitionPort:
         self._quietly(self.consumer.seek, self.tp, position)
 
     async def settle(self, position: int, ahead: Mapping[str, int] = NO_LANES) -> None:
-        """Commit ``position``: only the task calls it, once the batch is durable."""
+        """Commit ``position``: only the task calls it, once the batch is durable. With
+        coalesced commits (:class:`~streamapp.kafka.commits.OffsetCommits`) it returns
+        at once: the commit goes out with the other partitions'."""
+        if self.commits is not None:
+            self.commits.record(self.tp, position, offset_metadata(ahead))
+            return
         try:
             await self.consumer.commit({self.tp: (position, offset_metadata(ahead))})
         except KafkaError as exc:  # not owned any more, or the group moved on

@@ -32,6 +32,7 @@ from ..outcomes import Retry
 from ..settings import Settings
 from ..tables.store import Store, rocks_opener
 from . import codec
+from .commits import OffsetCommits
 from .port import KafkaPartitionPort
 from .retry import with_startup_retry
 from .sink import KafkaSink
@@ -51,12 +52,13 @@ class KafkaSource:
     """Consumes every agent's source topic as one member of the app's group.
 
     One partition task per (topic, partition) runs every agent of the topic. Its commits
-    are Kafka transactions (changelogs, derived events, retry-chain copies and the offset
-    together) when an agent of the topic has tables, sends derived events or uses
-    ``Retry``; otherwise plain offset commits. Partitions are assigned round robin, or by
-    range when an agent reads another's table: range gives partition ``p`` of every topic
-    with the same partition count to the same member (co-partitioning; every member
-    subscribes to every topic).
+    are Kafka transactions (changelogs, derived events, retry-chain copies, and the offset
+    when an agent has no tables and so no checkpoint) when an agent of the topic has
+    tables, sends derived events or uses ``Retry``; the other offset commits go out
+    coalesced (:mod:`streamapp.kafka.commits`), once the batch is durable. Partitions
+    are assigned round robin, or by range when an agent reads another's table: range
+    gives partition ``p`` of every topic with the same partition count to the same
+    member (co-partitioning; every member subscribes to every topic).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class KafkaSource:
             isolation_level="read_committed",  # aborted upstream writes never reach agents
             partition_assignment_strategy=(assignor,),
         )
+        self._commits = OffsetCommits(self._consumer)
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._suspended: dict[tuple[str, int], PartitionTask] = {}
@@ -122,6 +125,7 @@ class KafkaSource:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._release(list(self.assignment.tasks))
         await self._close_suspended()
+        await self._commits.close()
         await self._consumer.stop()
         await self._release(list(self.assignment.tasks))  # any taken during the leave
         await self._close_suspended()
@@ -216,6 +220,7 @@ class KafkaSource:
             settings.auto_offset_reset,
             admin=self._admin,
             group_id=settings.group_id,
+            commits=self._commits,
         )
 
         def open_store(agent: Agent, spaces: list[str]) -> Store:
@@ -254,6 +259,7 @@ class KafkaSource:
                     self._suspended[key] = task
             closing = [task for (_, task), ok in zip(taken, kept, strict=True) if ok is not True]
         await self._close(closing)
+        await self._commits.flush()  # committed while the partitions are still ours
 
     async def _close_suspended(self) -> None:
         """Close the kept tasks the new assignment did not hand back."""

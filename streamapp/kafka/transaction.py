@@ -3,8 +3,10 @@
 Every commit of a partition task is one Kafka transaction of one transactional producer
 (:class:`KafkaTransaction`): the changelog records of every agent of the topic (each to
 its own changelog topic, same partition number), every derived event the batch sent,
-and the source offset with ``send_offsets_to_transaction`` (its metadata names the
-agents that are ahead of it, :mod:`streamapp.engine.lane`). A ``read_committed`` reader
+and, when an agent of the topic has no tables (no checkpoint to resume from), the source
+offset with ``send_offsets_to_transaction`` (its metadata names the agents that are
+ahead of it, :mod:`streamapp.engine.lane`). With tables only, the offset is committed
+after the store write instead: two round trips fewer per transaction. A ``read_committed`` reader
 sees all of it or nothing: after a ``kill -9`` the open transaction is aborted, the
 batch runs again, and its derived events appear once.
 
@@ -175,7 +177,9 @@ class KafkaTransaction:
             **producer_config(
                 {
                     "transactional_id": self.transactional_id,
-                    "linger_ms": 5,
+                    # No linger: changelog records go out as whole batches already, and
+                    # a lingering batch holds up the transaction (its commit waits).
+                    "linger_ms": 0,
                     "max_batch_size": BATCH_BYTES,
                 }
             ),

@@ -1,8 +1,9 @@
 """The commit order with lanes, sends and positions, on a recording port and transaction:
 
 - with a transaction (Kafka), one commit carries every lane's changelog batch, the
-  derived events and the source position with the lanes ahead of it; nothing else
-  settles;
+  derived events and, when a lane has no tables, the source position with the lanes
+  ahead of it (nothing else settles); when every lane has tables, the position is
+  settled after the store write;
 - without one (RabbitMQ), derived events are confirmed before the store write, which
   comes before the settle;
 - a restart places each lane at its own position (checkpoint, or the committed
@@ -166,6 +167,41 @@ async def test_one_transaction_holds_changelogs_sends_and_the_position_with_lane
     await t.process(records("e1", "e2", start=1))
     assert calls == ["keep:e1"]
     assert txn.commits[-1][2] == Committed(1, {"echo": 2})
+    await t.close()
+
+
+async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_transaction() -> None:
+    """Every lane resumes from its checkpoint (in the transaction), so the offset needs
+    no transactional commit: it is settled once the store holds the batch."""
+    app = App("t")
+    kept: Table[int] = Table("kept")
+    stores: dict[str, Store] = {}
+    order: list[str] = []
+
+    @app.agent(app.topic("in", partitions=1), tables=[kept])
+    async def keep(event: Event, kept: TableView[int]) -> None:
+        kept["s"] = kept.get("s", 0) + 1
+
+    class Recording(Transaction):
+        async def commit(
+            self,
+            changes: Sequence[tuple[Agent, BatchChanges]],
+            outputs: Sequence[Outgoing],
+            settle: Committed | None,
+        ) -> list[int]:
+            order.append(f"transaction (store before: {stores['keep'].get('t:kept', b's')!r})")
+            return await super().commit(changes, outputs, settle)
+
+    port, txn = Port(), Recording()
+    port.log = order
+    t = task(app, port, stores, transaction=txn)
+    await t.open()
+    await t.process(records("e0", "e1"))
+    (changes, _, settle), *_ = txn.commits
+    assert settle is None
+    assert changes[0][1].checkpoint.live == 2
+    assert order == ["transaction (store before: None)", "settle 2"]
+    assert stores["keep"].get("t:kept", b"s") == b"2"
     await t.close()
 
 

@@ -1,0 +1,82 @@
+"""Offset commits of the group member, coalesced: one ``OffsetCommit`` for many partitions.
+
+aiokafka serialises offset commits behind one lock, one request each: with eight
+partitions settling at once, the last waited for seven round trips before its own. Here
+a partition's settle only records its position; one background commit sends every
+position recorded meanwhile, and the next one goes as soon as it returns. Positions of a
+partition only move forward (a later settle replaces an earlier one not yet sent).
+
+A settle does not wait for its commit: it is made only once the batch is durable (in the
+table's checkpoint, or a transaction), so the task may take its next batch at once. What
+a commit that failed or never went out costs is a redelivery: a stateful agent resumes
+from its checkpoint and skips it, a stateless one runs it again (at least once).
+:meth:`OffsetCommits.flush` waits for what was recorded, before a revoke hands the
+partitions on and before the consumer stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+log = logging.getLogger("streamapp.kafka")
+
+FLUSH_TIMEOUT_S = 10.0
+"""How long a flush waits for the commits in flight (the broker may be away)."""
+
+
+class OffsetCommits:
+    """The positions to commit for one consumer, sent together in the background."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self._consumer = consumer
+        self._pending: dict[TopicPartition, tuple[int, str]] = {}
+        self._sending: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def record(self, tp: TopicPartition, offset: int, metadata: str = "") -> None:
+        """Commit ``offset`` of ``tp`` soon (with the next ``OffsetCommit``)."""
+        if self._closed:  # the consumer is stopping: the checkpoints hold
+            return
+        self._pending[tp] = (offset, metadata)
+        if self._sending is None or self._sending.done():
+            self._sending = asyncio.create_task(self._send(), name="offset commits")
+
+    async def flush(self) -> None:
+        """Wait, bounded, until every recorded position was committed (or refused)."""
+        try:
+            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                while self._sending is not None and not self._sending.done():
+                    await asyncio.shield(self._sending)
+        except TimeoutError:
+            log.warning(
+                "offset commits not done within %.0fs (%d partitions): the table checkpoints hold",
+                FLUSH_TIMEOUT_S,
+                len(self._pending),
+            )
+
+    async def close(self) -> None:
+        """Flush, then stop sending."""
+        await self.flush()
+        self._closed = True
+        if self._sending is not None and not self._sending.done():
+            self._sending.cancel()
+            await asyncio.gather(self._sending, return_exceptions=True)
+
+    async def _send(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            assigned = self._consumer.assignment()
+            batch = {tp: offset for tp, offset in batch.items() if tp in assigned}
+            if not batch:  # revoked meanwhile: the next owner starts from the checkpoints
+                continue
+            try:
+                await self._consumer.commit(batch)
+            except Exception as exc:  # not owned any more, the group moved on, stopped
+                log.info(
+                    "offset commit of %s skipped (%r); the table checkpoints hold",
+                    ", ".join(f"{tp.topic}[{tp.partition}]@{o}" for tp, (o, _) in batch.items()),
+                    exc,
+                )
