@@ -224,12 +224,11 @@ class Worker:
         try:
             await asyncio.wait({shutdown}, timeout=self.settings.shutdown_timeout_s)
         except asyncio.CancelledError:
-            shutdown.cancel()
+            await _abandon(shutdown)
             raise
         if not shutdown.done():
             _log_stuck(asyncio.current_task())
-            shutdown.cancel()
-            await asyncio.wait({shutdown}, timeout=5.0)
+            await _abandon(shutdown)
             raise ShutdownTimeoutError(
                 f"worker {self.id} did not stop within {self.settings.shutdown_timeout_s:.0f}s "
                 "(setting shutdown_timeout_s); batches in hand are redelivered to the next owner"
@@ -276,6 +275,15 @@ class Worker:
             for task in watched:
                 if task in done and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
+
+
+async def _abandon(shutdown: asyncio.Task[None]) -> None:
+    """Cancel a stop that ran out of time; wait a little for it to unwind, and log what
+    it raised meanwhile (nothing is left unretrieved)."""
+    shutdown.cancel()
+    await asyncio.wait({shutdown}, timeout=5.0)
+    if shutdown.done() and not shutdown.cancelled() and shutdown.exception() is not None:
+        log.warning("the stop that ran out of time failed too: %r", shutdown.exception())
 
 
 def _log_stuck(current: asyncio.Task[object] | None) -> None:

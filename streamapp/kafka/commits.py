@@ -24,15 +24,17 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 log = logging.getLogger("streamapp.kafka")
 
 FLUSH_TIMEOUT_S = 10.0
-"""How long a flush waits for the commits in flight (the broker may be away)."""
+"""The longest a flush, or one ``OffsetCommit``, may take (the broker may be away)."""
 
 
 class OffsetCommits:
     """The positions to commit for one consumer, sent together in the background."""
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         self._consumer = consumer
+        self.timeout_s = timeout_s
         self._pending: dict[TopicPartition, tuple[int, str]] = {}
+        self._in_flight: frozenset[TopicPartition] = frozenset()
         self._sending: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -44,39 +46,64 @@ class OffsetCommits:
         if self._sending is None or self._sending.done():
             self._sending = asyncio.create_task(self._send(), name="offset commits")
 
+    async def settled(self, tp: TopicPartition) -> None:
+        """Until no commit of ``tp`` recorded here is pending or in flight: before an
+        offset of ``tp`` goes into a transaction, so that this one cannot land after it."""
+        while (tp in self._pending or tp in self._in_flight) and not self._idle():
+            await asyncio.shield(self._sending)  # type: ignore[arg-type]
+
     async def flush(self) -> None:
-        """Wait, bounded, until every recorded position was committed (or refused)."""
+        """Wait, bounded, until every recorded position was committed (or refused). Past
+        the bound, what is left is dropped: no commit may outlive a revoke (aiokafka
+        retries one with the group's next generation)."""
         try:
-            async with asyncio.timeout(FLUSH_TIMEOUT_S):
-                while self._sending is not None and not self._sending.done():
-                    await asyncio.shield(self._sending)
+            async with asyncio.timeout(self.timeout_s):
+                while not self._idle():
+                    await asyncio.shield(self._sending)  # type: ignore[arg-type]
         except TimeoutError:
             log.warning(
-                "offset commits not done within %.0fs (%d partitions): the table checkpoints hold",
-                FLUSH_TIMEOUT_S,
-                len(self._pending),
+                "offset commits not done within %.0fs (%d partitions): dropped, the table "
+                "checkpoints hold",
+                self.timeout_s,
+                len(self._pending) + len(self._in_flight),
             )
+            await self._cancel()
 
     async def close(self) -> None:
         """Flush, then stop sending."""
         await self.flush()
         self._closed = True
-        if self._sending is not None and not self._sending.done():
+        await self._cancel()
+
+    def _idle(self) -> bool:
+        return self._sending is None or self._sending.done()
+
+    async def _cancel(self) -> None:
+        self._pending = {}
+        if not self._idle():
+            assert self._sending is not None
             self._sending.cancel()
             await asyncio.gather(self._sending, return_exceptions=True)
 
     async def _send(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, {}
-            assigned = self._consumer.assignment()
-            batch = {tp: offset for tp, offset in batch.items() if tp in assigned}
-            if not batch:  # revoked meanwhile: the next owner starts from the checkpoints
-                continue
-            try:
-                await self._consumer.commit(batch)
-            except Exception as exc:  # not owned any more, the group moved on, stopped
-                log.info(
-                    "offset commit of %s skipped (%r); the table checkpoints hold",
-                    ", ".join(f"{tp.topic}[{tp.partition}]@{o}" for tp, (o, _) in batch.items()),
-                    exc,
-                )
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, {}
+                assigned = self._consumer.assignment()
+                batch = {tp: offset for tp, offset in batch.items() if tp in assigned}
+                if not batch:  # revoked meanwhile: the next owner starts from checkpoints
+                    continue
+                self._in_flight = frozenset(batch)
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        await self._consumer.commit(batch)
+                except Exception as exc:  # not owned any more, the group moved on, stopped
+                    log.info(
+                        "offset commit of %s skipped (%r); the table checkpoints hold",
+                        ", ".join(
+                            f"{tp.topic}[{tp.partition}]@{o}" for tp, (o, _) in batch.items()
+                        ),
+                        exc,
+                    )
+        finally:
+            self._in_flight = frozenset()

@@ -32,7 +32,7 @@ from ..outcomes import Retry
 from ..settings import Settings
 from ..tables.store import Store, rocks_opener
 from . import codec
-from .commits import OffsetCommits
+from .commits import FLUSH_TIMEOUT_S, OffsetCommits
 from .port import KafkaPartitionPort
 from .retry import with_startup_retry
 from .sink import KafkaSink
@@ -91,7 +91,11 @@ class KafkaSource:
             isolation_level="read_committed",  # aborted upstream writes never reach agents
             partition_assignment_strategy=(assignor,),
         )
-        self._commits = OffsetCommits(self._consumer)
+        # A revoke flushes them within a quarter of the rebalance timeout (a batch in
+        # hand may take half of it).
+        self._commits = OffsetCommits(
+            self._consumer, min(FLUSH_TIMEOUT_S, settings.rebalance_timeout_ms / 4000)
+        )
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._suspended: dict[tuple[str, int], PartitionTask] = {}
@@ -213,6 +217,7 @@ class KafkaSource:
                 stall_timeout_s=settings.restore_stall_timeout_s,
                 retention_ms=self._retention,
                 assigned=lambda: tp in self._consumer.assignment(),
+                settled=lambda: self._commits.settled(tp),
             )
         port = KafkaPartitionPort(
             self._consumer,

@@ -30,7 +30,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -70,9 +70,13 @@ class KafkaTransaction:
         stall_timeout_s: float,
         retention_ms: Mapping[str, int],
         assigned: Callable[[], bool] = lambda: True,
+        settled: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.bootstrap, self.transactional_id = bootstrap, transactional_id
         self._assigned = assigned
+        self._settled = settled
+        """Until the source partition's offset commits made outside a transaction are
+        done: a transaction's offset must land after them, never before."""
         """True while the group still assigns the source partition to this worker."""
         self.source, self.group_id, self._changelog = source, group_id, changelog
         self.timeout_s, self.stall_timeout_s = timeout_s, stall_timeout_s
@@ -208,6 +212,8 @@ class KafkaTransaction:
         if producer is None:
             raise PublishError(f"transactional writer of {self._where} is closed")
         p = self.source.partition
+        if settle is not None and self._settled is not None:
+            await self._settled()
         await producer.begin_transaction()
         try:
             lasts = [

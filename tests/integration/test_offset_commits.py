@@ -1,7 +1,8 @@
 """Coalesced offset commits on a real group: every partition's latest position lands,
 positions recorded while a commit is in flight go with the next one, a position of a
-partition no longer assigned is dropped without failing the others, and nothing is
-recorded after close."""
+partition no longer assigned is dropped without failing the others, nothing is
+recorded after close; ``settled`` returns once a partition's commit landed (a
+transaction's offset goes after it), and a flush past its bound drops what is left."""
 
 from __future__ import annotations
 
@@ -63,5 +64,43 @@ async def test_positions_commit_together_latest_wins_and_unassigned_ones_are_dro
         commits.record(TopicPartition(topic, 0), 99)
         await asyncio.sleep(0.2)
         assert (await _committed(kafka_bootstrap, group))[0] == (10, "m0")
+    finally:
+        await consumer.stop()
+
+
+async def test_settled_waits_for_the_partitions_commit_and_a_late_flush_drops_the_rest(
+    kafka_bootstrap: str,
+) -> None:
+    topic, group = f"commits-{uuid.uuid4().hex[:8]}", f"commits-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+    finally:
+        await admin.close()
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        for _ in range(300):  # the group forms (bounded: 30 s)
+            await consumer.getmany(timeout_ms=100)
+            if len(consumer.assignment()) == 2:
+                break
+        tp = TopicPartition(topic, 0)
+        commits = OffsetCommits(consumer)
+        commits.record(tp, 7)
+        await commits.settled(tp)  # no flush: settled alone waits for the commit
+        assert (await _committed(kafka_bootstrap, group))[0] == (7, "")
+
+        hasty = OffsetCommits(consumer, timeout_s=1e-6)  # no commit fits in that bound
+        hasty.record(tp, 8)
+        hasty.record(TopicPartition(topic, 1), 8)
+        await hasty.flush()  # timed out: nothing is left pending or in flight
+        await asyncio.wait_for(hasty.settled(tp), 0.01)
+        hasty.timeout_s = 10.0
+        hasty.record(tp, 9)  # and it goes on committing
+        await hasty.flush()
+        assert (await _committed(kafka_bootstrap, group))[0] == (9, "")
     finally:
         await consumer.stop()
