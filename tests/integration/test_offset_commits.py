@@ -20,6 +20,27 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 4
 
 
+async def _member(bootstrap: str, partitions: int) -> tuple[str, str, AIOKafkaConsumer]:
+    """A fresh topic, and a started consumer that the group assigned all of it."""
+    topic, group = f"commits-{uuid.uuid4().hex[:8]}", f"commits-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    for _ in range(300):  # the group forms (bounded: 30 s)
+        await consumer.getmany(timeout_ms=100)
+        if len(consumer.assignment()) == partitions:
+            return topic, group, consumer
+    await consumer.stop()
+    raise AssertionError(f"{topic}: the group did not assign its {partitions} partitions in 30 s")
+
+
 async def _committed(bootstrap: str, group: str) -> dict[int, tuple[int, str]]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
@@ -33,23 +54,8 @@ async def _committed(bootstrap: str, group: str) -> dict[int, tuple[int, str]]:
 async def test_positions_commit_together_latest_wins_and_unassigned_ones_are_dropped(
     kafka_bootstrap: str,
 ) -> None:
-    topic, group = f"commits-{uuid.uuid4().hex[:8]}", f"commits-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
+    topic, group, consumer = await _member(kafka_bootstrap, PARTITIONS)
     try:
-        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-    finally:
-        await admin.close()
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        for _ in range(300):  # the group forms (bounded: 30 s)
-            await consumer.getmany(timeout_ms=100)
-            if len(consumer.assignment()) == PARTITIONS:
-                break
-        assert len(consumer.assignment()) == PARTITIONS
         commits = OffsetCommits(consumer)
         for p in range(PARTITIONS):
             commits.record(TopicPartition(topic, p), 1)
@@ -71,22 +77,8 @@ async def test_positions_commit_together_latest_wins_and_unassigned_ones_are_dro
 async def test_settled_waits_for_the_partitions_commit_and_a_late_flush_drops_the_rest(
     kafka_bootstrap: str,
 ) -> None:
-    topic, group = f"commits-{uuid.uuid4().hex[:8]}", f"commits-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
+    topic, group, consumer = await _member(kafka_bootstrap, 2)
     try:
-        await admin.create_topics([NewTopic(topic, 2, 1)])
-    finally:
-        await admin.close()
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        for _ in range(300):  # the group forms (bounded: 30 s)
-            await consumer.getmany(timeout_ms=100)
-            if len(consumer.assignment()) == 2:
-                break
         tp = TopicPartition(topic, 0)
         commits = OffsetCommits(consumer)
         commits.record(tp, 7)
