@@ -10,8 +10,9 @@ test:            ## the whole test suite (unit + integration on real services), 
 unit:
 	scripts/bootstrap && .venv/bin/python -m pytest tests/unit -q
 
-lint:
-	scripts/bootstrap && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+lint:            ## ruff, formatting, mypy strict, and the import layers (import-linter)
+	scripts/bootstrap && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy \
+	  && .venv/bin/lint-imports
 
 bench:
 	scripts/bench

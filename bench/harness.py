@@ -12,12 +12,15 @@ so that streamapp meets Quix in both of its modes on both workloads,
 and the order_status projection in each contender (raw aiokafka, streamapp, Quix
 Streams, faust-streaming, Bytewax), in rounds that alternate the contenders (the order
 rotates every round), on the same data; the report gives medians and ratios to raw
-aiokafka and of streamapp to each. Every rival's final state is checked exact.
+aiokafka and of streamapp to each. Every contender's final state (streamapp's too) is
+checked per order (``rivals.check``: each order's version equals its event count).
 
 Then, each in its own process: live latency at a fixed 2,000 events/s (publish to view,
 ``bench/latency.py``), catch-up replay from SQLite (``bench/replay.py``), changelog
 restore (``bench/restore.py``), the RabbitMQ-fed projection against raw aio-pika
-(``bench/rabbitmq.py``) and view lookups local and forwarded (``bench/views.py``). A part
+(``bench/rabbitmq.py``), view lookups local and forwarded (``bench/views.py``) and v1's
+live latency while v2 of its table replays 1M stored events, against v1 alone, with the
+building lane's replay rate (``bench/versions_latency.py``). A part
 that cannot run is reported "n/a" with the reason.
 
 Writes ``bench/results/<YYYY-MM-DD>.json`` and ``.png`` (events/s per contender and
@@ -51,7 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import report  # noqa: E402
 from orders_projection import produce, rival  # noqa: E402
 
-PARTS = ("throughput", "latency", "replay", "restore", "rabbitmq", "views")
+PARTS = ("throughput", "latency", "replay", "restore", "rabbitmq", "views", "versions")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +101,8 @@ WORKLOADS = (
             Contender("faust at-least-once", "faust"),
             Contender("Bytewax recovery off", "bytewax"),
             Contender("Bytewax recovery 1 s", "bytewax", ("--recovery",)),
+            Contender("streamapp dict data", "streamapp-dict"),
+            Contender("streamapp typed data", "streamapp-typed"),
         ),
     ),
 )
@@ -123,30 +128,39 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
                     rates[w.key].setdefault(c.name, []).append(rate)
                 shown = f"{rate:,.0f} ev/s" if rate is not None else f"n/a ({problem})"
                 print(f"round {r + 1} {w.key:<24} {c.name:<22} {shown}", flush=True)
-    out: dict[str, Any] = {}
-    for w in WORKLOADS:
-        med = {name: statistics.median(v) for name, v in rates[w.key].items()}
-        raw, mine = med.get(RAW.name), med.get(STREAMAPP.name)
-        out[w.key] = {
+    return {
+        w.key: {
             "title": w.title,
             "events": args.events,
             "orders": w.orders,
             "faust_events": min(args.events, args.faust_events),
-            "contenders": {
-                c.name: {
-                    "rates": [round(x, 1) for x in rates[w.key].get(c.name, [])],
-                    "median": round(med[c.name], 1) if c.name in med else None,
-                    "over_raw": ratio(med.get(c.name), raw),
-                    "streamapp_over_it": ratio(mine, med.get(c.name)),
-                    "problem": problems[w.key].get(c.name),
-                }
-                for c in w.contenders
-            },
+            "contenders": summarise(w.contenders, rates[w.key], problems[w.key]),
         }
-    return out
+        for w in WORKLOADS
+    }
+
+
+def summarise(
+    contenders: tuple[Contender, ...], rates: dict[str, list[float]], problems: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """Per contender: its rates by round, their median, the median over raw aiokafka's and
+    streamapp's median over it (None where a side has no run)."""
+    med = {name: statistics.median(v) for name, v in rates.items() if v}
+    raw, mine = med.get(RAW.name), med.get(STREAMAPP.name)
+    return {
+        c.name: {
+            "rates": [round(x, 1) for x in rates.get(c.name, [])],
+            "median": round(med[c.name], 1) if c.name in med else None,
+            "over_raw": ratio(med.get(c.name), raw),
+            "streamapp_over_it": ratio(mine, med.get(c.name)),
+            "problem": problems.get(c.name),
+        }
+        for c in contenders
+    }
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b`` to 3 places; None when either is missing (or ``b`` is 0)."""
     return round(a / b, 3) if a is not None and b else None
 
 
@@ -155,18 +169,22 @@ async def run_contender(
 ) -> tuple[float | None, str | None]:
     """(events/s, problem) of one run of ``c`` over ``topic``, in a fresh process (as every
     contender: nothing one run leaves behind slows the next)."""
-    if c.kind in ("raw", "streamapp"):
-        return await asyncio.to_thread(ours, c.kind, args.bootstrap, topic, args.events)
+    if c.kind in ("raw", "streamapp", "streamapp-dict", "streamapp-typed"):
+        return await asyncio.to_thread(ours, c.kind, args.bootstrap, topic, args.events, orders)
     n = min(args.events, args.faust_events) if c.kind == "faust" else args.events
     return await asyncio.to_thread(
         rival, c.kind, args.bootstrap, topic, n, orders, c.flags, args.rival_timeout, args.events
     )
 
 
-def ours(kind: str, bootstrap: str, topic: str, events: int) -> tuple[float | None, str | None]:
-    """raw aiokafka or streamapp, run by bench/orders_projection.py --one."""
+def ours(
+    kind: str, bootstrap: str, topic: str, events: int, orders: int
+) -> tuple[float | None, str | None]:
+    """raw aiokafka or streamapp, run by bench/orders_projection.py --one (streamapp's
+    final state checked per order, as every rival's)."""
     cmd = [sys.executable, str(ROOT / "bench" / "orders_projection.py"), "--one", kind]
     cmd += ["--bootstrap", bootstrap, "--topic", topic, "--events", str(events)]
+    cmd += ["--orders", str(orders)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     except subprocess.TimeoutExpired:
@@ -218,6 +236,10 @@ def other_parts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             "views.py",
             ["--requests", "200" if q else "2000", "--concurrency", "1" if q else "1,8"],
         ),
+        "versions": (
+            "versions_latency.py",
+            ["--events", "20000" if q else "1000000", "--seconds", "3" if q else "20"],
+        ),
     }
     out: dict[str, dict[str, Any]] = {}
     for part, (script, options) in plans.items():
@@ -227,9 +249,11 @@ def other_parts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         if part == "rabbitmq" and not os.environ.get("STREAMAPP_AMQP_URL"):
             out[part] = {"n/a": "no RabbitMQ (STREAMAPP_AMQP_URL unset)"}
             continue
-        if part != "latency":
+        if part not in ("latency", "versions"):
             options = [*options, "--rounds", rounds]
-        out[part] = run_part(script, options, args.part_timeout)
+        # versions fills a 1M-event store once and replays it twice: its own bound
+        timeout = max(args.part_timeout, 1800.0) if part == "versions" else args.part_timeout
+        out[part] = run_part(script, options, timeout)
     return out
 
 

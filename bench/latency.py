@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from agents.orders import project_order_status  # noqa: E402
 from streamapp import App, Event, Park  # noqa: E402
+from streamapp.codecs import kafka as codec  # noqa: E402
 from streamapp.engine.phase import Phase  # noqa: E402
-from streamapp.kafka import codec  # noqa: E402
-from streamapp.kafka.topics import create_topics  # noqa: E402
+from streamapp.kafka.topology import create_topics  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 

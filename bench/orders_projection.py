@@ -24,17 +24,21 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rivals import check  # noqa: E402  (bench/: the one per-order check of every contender)
+
 from agents.orders import project_order_status  # noqa: E402
-from streamapp import App, Event, Park  # noqa: E402
-from streamapp.kafka import codec  # noqa: E402
-from streamapp.kafka.topics import create_topics  # noqa: E402
+from streamapp import App, Event, EventTypes, Park, TableView  # noqa: E402
+from streamapp.codecs import kafka as codec  # noqa: E402
+from streamapp.kafka.topology import create_topics  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 
@@ -96,16 +100,84 @@ async def raw_aiokafka(bootstrap: str, topic: str, n_events: int) -> float:
         await consumer.stop()
 
 
-async def streamapp_worker(bootstrap: str, topic: str, n_events: int, data_dir: str) -> float:
+class Order(msgspec.Struct):
+    """The bench's order event data, as a model (``--one streamapp-typed``)."""
+
+    order: str
+    amount: int
+    currency: str
+
+
+class Placed(Order): ...
+
+
+class Paid(Order): ...
+
+
+class Shipped(Order): ...
+
+
+class Cancelled(Order): ...
+
+
+ORDER_TYPES = EventTypes(
+    {"order.placed": Placed, "order.paid": Paid, "order.shipped": Shipped,
+     "order.cancelled": Cancelled}
+)  # fmt: skip
+"""One model per type, the same fields (a typed send tells types apart by model)."""
+
+
+async def project_dict(event: Event, statuses: TableView[Any]) -> None:
+    """order_status, plus the sum of the events' amounts read from dict data."""
+    oid = event.stream_id
+    assert oid is not None
+    current = statuses.get(oid)
+    statuses[oid] = {
+        "status": event.type.removeprefix("order."),
+        "version": (current["version"] if current else 0) + 1,
+        "last_event_id": event.id,
+        "total": (current["total"] if current else 0) + event.data["amount"],
+        "currency": event.data["currency"],
+    }
+
+
+async def project_typed(event: Event[Order], statuses: TableView[Any]) -> None:
+    """The same fold, the data decoded into a msgspec model."""
+    oid = event.stream_id
+    assert oid is not None
+    current = statuses.get(oid)
+    data = event.data
+    statuses[oid] = {
+        "status": event.type.removeprefix("order."),
+        "version": (current["version"] if current else 0) + 1,
+        "last_event_id": event.id,
+        "total": (current["total"] if current else 0) + data.amount,
+        "currency": data.currency,
+    }
+
+
+async def streamapp_worker(
+    bootstrap: str, topic: str, n_events: int, n_orders: int, data_dir: str, kind: str
+) -> float:
     """events/s of the reference projection (order_status) in one worker, with its
-    transactional changelog, RocksDB writes and offset commits."""
+    transactional changelog, RocksDB writes and offset commits; ``kind``
+    ``streamapp-dict`` and ``streamapp-typed`` also read each event's data (dicts, or
+    msgspec models)."""
     app = App(
         f"bench-{uuid.uuid4().hex[:8]}", kafka_bootstrap=bootstrap, data_dir=data_dir, web_port=0
     )
     source = app.topic(topic, partitions=PARTITIONS)
-    app.agent(source, tables=[order_status], on_failure=Park(f"{topic}.parked"), name="project")(
-        project_order_status.handler
-    )
+    parked = Park(f"{topic}.parked")
+    if kind == "streamapp-typed":
+        app.agent(
+            source, tables=[order_status], on_failure=parked, name="project", events=ORDER_TYPES
+        )(project_typed)
+    elif kind == "streamapp-dict":
+        app.agent(source, tables=[order_status], on_failure=parked, name="project")(project_dict)
+    else:
+        app.agent(source, tables=[order_status], on_failure=parked, name="project")(
+            project_order_status.handler
+        )
     settings = app.settings()
     await create_topics(app, settings)
     worker = Worker(app, settings)
@@ -114,7 +186,7 @@ async def streamapp_worker(bootstrap: str, topic: str, n_events: int, data_dir: 
         started, base = None, 0
         while True:
             assert worker.source is not None
-            done = sum(t.processed for t in worker.source.assignment.tasks.values())
+            done = sum(t.counts.processed for t in worker.source.assignment.tasks.values())
             if started is None and done:
                 started, base = time.perf_counter(), done
             if done >= n_events:
@@ -122,38 +194,47 @@ async def streamapp_worker(bootstrap: str, topic: str, n_events: int, data_dir: 
             await asyncio.sleep(0.01)
         assert started is not None
         rate = (done - base) / (time.perf_counter() - started)
-        await check_committed(worker, n_events)
+        await check_committed(worker, n_events, n_orders)
         return rate
     finally:
         await worker.stop()
 
 
-async def check_committed(worker: Worker, n_events: int, timeout_s: float = 60) -> None:
-    """The committed tables add up to every event once (out of the timing): the versions
-    of all orders sum to N. Raises if they do not within ``timeout_s``."""
+def committed_state(worker: Worker) -> dict[str, Any]:
+    """order id -> its order_status row, read from every partition's committed table."""
     assert worker.source is not None
+    state: dict[str, Any] = {}
+    for task in worker.source.assignment.tasks.values():
+        tables = task.tables_for("order_status")
+        if tables is not None:
+            state.update((str(k), v) for k, v in tables.view("order_status").items())
+    return state
+
+
+async def check_committed(
+    worker: Worker, n_events: int, n_orders: int, timeout_s: float = 60
+) -> None:
+    """The committed tables hold every order with version == its event count, the same
+    per-order check as every rival's (``rivals.check``), out of the timing. Raises if
+    they do not within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        total = 0
-        for task in worker.source.assignment.tasks.values():
-            tables = task.tables_for("order_status")
-            if tables is not None:
-                total += sum(v["version"] for _, v in tables.view("order_status").items())
-        if total == n_events:
+        exact, note = check(committed_state(worker), n_events, n_orders)
+        if exact:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"committed state counts {total} events, want {n_events}")
+            raise RuntimeError(f"streamapp's committed state is not exact: {note}")
         await asyncio.sleep(0.2)
 
 
-async def one(kind: str, bootstrap: str, topic: str, n_events: int) -> None:
+async def one(kind: str, bootstrap: str, topic: str, n_events: int, n_orders: int) -> None:
     """Run raw aiokafka or streamapp once over ``topic`` and print {"rate": ev/s}: the
     harness runs every contender so, each in a fresh process."""
     if kind == "raw":
         rate = await raw_aiokafka(bootstrap, topic, n_events)
     else:
         with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
-            rate = await streamapp_worker(bootstrap, topic, n_events, data_dir)
+            rate = await streamapp_worker(bootstrap, topic, n_events, n_orders, data_dir, kind)
     print(json.dumps({"rate": round(rate, 1), "exact": True}), flush=True)
 
 
@@ -212,11 +293,15 @@ async def main() -> None:
     parser.add_argument(
         "--bootstrap", default=os.environ.get("STREAMAPP_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     )
-    parser.add_argument("--one", choices=("raw", "streamapp"), help="one run over --topic")
+    parser.add_argument(
+        "--one",
+        choices=("raw", "streamapp", "streamapp-dict", "streamapp-typed"),
+        help="one run over --topic",
+    )
     parser.add_argument("--topic", help="with --one: an existing topic of --events events")
     args = parser.parse_args()
     if args.one:
-        await one(args.one, args.bootstrap, args.topic, args.events)
+        await one(args.one, args.bootstrap, args.topic, args.events, args.orders)
         return
 
     topic = f"bench-orders-{uuid.uuid4().hex[:8]}"
@@ -229,7 +314,7 @@ async def main() -> None:
         results["raw aiokafka"].append(await raw_aiokafka(args.bootstrap, topic, args.events))
         with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
             results["streamapp"].append(
-                await streamapp_worker(args.bootstrap, topic, args.events, data_dir)
+                await streamapp_worker(args.bootstrap, topic, args.events, args.orders, data_dir)
             )
         for name in rivals:
             n = min(args.events, args.faust_events) if name == "faust" else args.events

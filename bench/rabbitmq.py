@@ -6,7 +6,8 @@
     message) and the same prefetch, doing comparable work: decode the CloudEvent headers
     and its JSON data, read and update the order's row in a dict. Before each run the
     queues are filled with the same messages (built by the sink's own encoder); a run
-    drains them. Rates count from the first processed event on.
+    drains them. Rates count from the first processed event on. After each run, out of the
+    timing, both final states are checked per order (``rivals.check``).
 (b) publish: confirmed publishing with RabbitSink.publish_many (every message in flight,
     then all confirms awaited) against sequential publish-and-wait (RabbitSink.publish,
     one confirm awaited per message), on the same messages.
@@ -41,15 +42,18 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from orders_projection import committed_state  # noqa: E402  (bench/)
+from rivals import check  # noqa: E402  (bench/: the one per-order check of every contender)
+
 from agents.orders import ORDER_EVENTS, project_order_status  # noqa: E402
 from streamapp import App, Event, FromEventStore, Park  # noqa: E402
+from streamapp.codecs import amqp as codec  # noqa: E402
 from streamapp.partitioner import partition_for  # noqa: E402
-from streamapp.rabbitmq import codec  # noqa: E402
-from streamapp.rabbitmq.membership import members_exchange  # noqa: E402
+from streamapp.rabbitmq.members import members_exchange  # noqa: E402
 from streamapp.rabbitmq.sink import RabbitSink  # noqa: E402
 from streamapp.rabbitmq.topology import create_topology, queue_name  # noqa: E402
 from streamapp.rabbitmq.wire import to_message  # noqa: E402
-from streamapp.sink import Message  # noqa: E402
+from streamapp.records import Message  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 
@@ -127,7 +131,14 @@ async def fill(amqp: str, topic: str, messages: list[Message]) -> None:
         await asyncio.sleep(0.1)
 
 
-async def raw_consumer(amqp: str, topic: str, n_events: int, prefetch: int) -> Run:
+def exact_or_raise(who: str, state: dict[str, Any], n_events: int, n_orders: int) -> None:
+    """Every order's version equals its event count (``rivals.check``), or RuntimeError."""
+    exact, note = check(state, n_events, n_orders)
+    if not exact:
+        raise RuntimeError(f"{who}: final state not exact: {note}")
+
+
+async def raw_consumer(amqp: str, topic: str, n_events: int, n_orders: int, prefetch: int) -> Run:
     """Plain aio-pika consumers, one channel per partition queue, manual acks."""
     state: dict[str, dict[str, Any]] = {}
     seen = 0
@@ -165,11 +176,11 @@ async def raw_consumer(amqp: str, topic: str, n_events: int, prefetch: int) -> R
         ended, cpu_ended = await asyncio.wait_for(done, 600)
     finally:
         await connection.close()
-    assert sum(row["version"] for row in state.values()) == n_events
+    exact_or_raise("raw aio-pika", state, n_events, n_orders)
     return Run(n_events - 1, ended - started, cpu_ended - cpu)
 
 
-async def streamapp_worker(amqp: str, topic: str, n_events: int) -> Run:
+async def streamapp_worker(amqp: str, topic: str, n_events: int, n_orders: int) -> Run:
     """The orders projection in one in-process worker (its own fresh app and tables)."""
     with tempfile.TemporaryDirectory(prefix="streamapp-rmq-bench-") as data_dir:
         app = app_for(amqp, topic, data_dir)
@@ -182,17 +193,28 @@ async def streamapp_worker(amqp: str, topic: str, n_events: int) -> Run:
             started, cpu, base, done = 0.0, 0.0, 0, 0
             deadline = time.monotonic() + 600
             while done < n_events:
-                done = sum(t.processed for t in worker.source.assignment.tasks.values())
+                done = sum(t.counts.processed for t in worker.source.assignment.tasks.values())
                 if not base and done:
                     started, cpu, base = time.perf_counter(), time.process_time(), done
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"streamapp processed {done}/{n_events} in 600 s")
                 await asyncio.sleep(0.01)
             run = Run(done - base, time.perf_counter() - started, time.process_time() - cpu)
+            await settled_exact(worker, n_events, n_orders)  # out of the timing
         finally:
             await worker.stop()
             await drop_topology(amqp, [], exchanges=[members_exchange(app)])
     return run
+
+
+async def settled_exact(worker: Worker, n_events: int, n_orders: int, within_s: float = 60) -> None:
+    """Until the committed tables hold every order exactly (the batch in hand commits
+    after ``processed`` counts it); RuntimeError naming what is off after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while not check(committed_state(worker), n_events, n_orders)[0]:
+        if time.monotonic() > deadline:
+            exact_or_raise("streamapp RabbitSource", committed_state(worker), n_events, n_orders)
+        await asyncio.sleep(0.1)
 
 
 async def publish_runs(
@@ -344,10 +366,14 @@ async def main() -> None:
         )
         for r in range(args.rounds):
             await fill(args.amqp, topic, messages)
-            consume.add("raw aio-pika", await raw_consumer(args.amqp, topic, args.events, prefetch))
+            consume.add(
+                "raw aio-pika",
+                await raw_consumer(args.amqp, topic, args.events, args.orders, prefetch),
+            )
             await fill(args.amqp, topic, messages)
             consume.add(
-                "streamapp RabbitSource", await streamapp_worker(args.amqp, topic, args.events)
+                "streamapp RabbitSource",
+                await streamapp_worker(args.amqp, topic, args.events, args.orders),
             )
             left = sum(await depths(args.amqp, topic))
             if left:

@@ -108,6 +108,23 @@ def figures(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             f">= {RABBITMQ_GOAL} " + verdict(value, lambda x: x >= RABBITMQ_GOAL),
         )
     )
+    ver = results.get("versions", {})
+    alone, building = ver.get("v1_alone", {}), ver.get("v1_while_v2_builds", {})
+    rows.append(
+        (
+            "v1 live p99 at 1,000 ev/s: alone / while v2 replays"
+            + (f" {ver['events']:,} events" if "events" in ver else ""),
+            na(ver) or f"{alone.get('p99_ms')} ms / {building.get('p99_ms')} ms",
+            "",
+        )
+    )
+    rows.append(
+        (
+            "v2's building lane: replay rate beside live v1",
+            na(ver) or f"{building.get('v2_replay_rate', 'n/a')} ev/s",
+            "",
+        )
+    )
     views = results.get("views", {})
     if na(views):
         rows.append(("view lookups p99, local and forwarded", na(views), ""))

@@ -34,7 +34,7 @@ from orders_projection import produce  # noqa: E402
 from agents.orders import project_order_status  # noqa: E402
 from streamapp import App, Park  # noqa: E402
 from streamapp.engine.phase import Phase  # noqa: E402
-from streamapp.kafka.topics import create_topics  # noqa: E402
+from streamapp.kafka.topology import create_topics  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 
@@ -59,7 +59,7 @@ async def project(app: App, n_events: int) -> None:
     try:
         assert worker.source is not None
         deadline = time.monotonic() + 600
-        while sum(t.processed for t in worker.source.assignment.tasks.values()) < n_events:
+        while sum(t.counts.processed for t in worker.source.assignment.tasks.values()) < n_events:
             if time.monotonic() > deadline:
                 raise RuntimeError("the projection did not finish in 600 s")
             await asyncio.sleep(0.05)
@@ -89,7 +89,7 @@ async def restore_once(app: App, n_events: int) -> tuple[int, float]:
         if started is None:  # went from opening to live between two looks: a short restore
             started = now
         elapsed = max(now - started, 1e-3)
-        records = sum(t.restored for t in tasks.values())
+        records = sum(t.counts.restored for t in tasks.values())
         versions = 0
         for task in tasks.values():
             ptables = task.tables_for("order_status")

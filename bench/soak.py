@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from streamapp import Event  # noqa: E402
-from streamapp.kafka import codec  # noqa: E402
+from streamapp.codecs import kafka as codec  # noqa: E402
 
 KINDS = ("order.placed", "order.paid", "order.shipped", "order.cancelled")
 

@@ -6,86 +6,31 @@ Settings are read from ``STREAMAPP_*`` and validated when a worker starts.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .agent import Agent, Handler, TopicSpec
+from .agent import Agent, Handler, refuse_stream_handler
 from .binding import bind_tables
 from .errors import ConfigError
 from .events import Event
 from .history import History
 from .outcomes import FailurePolicy, Redeliver, Retry, parking
-from .repartition import (
+from .repartition import check_key_function, forwarder_name, forwarding_handler
+from .settings import Settings, check_setting_names
+from .tables.table import Table
+from .topics import (
     GroupBy,
     KeyFunction,
-    check_key_function,
-    forwarder_name,
-    forwarding_handler,
+    TopicPlan,
+    TopicRole,
+    TopicSpec,
+    changelog_topic,
+    delay_topic,
+    members_topic,
     repartition_topic,
+    topic_format,
 )
-from .settings import Settings, check_setting_names
-from .tables.changelog import changelog_topic
-from .tables.table import Table
-
-
-class TopicRole(enum.StrEnum):
-    """Why the app needs a topic (``streamapp topics create`` prints it)."""
-
-    SOURCE = "source"
-    """Feeds agents."""
-    OUTPUT = "output"
-    """Agents send derived events to it (``sinks=[...]``) and no agent of the app reads it."""
-    CHANGELOG = "changelog"
-    """An agent's tables, compacted."""
-    PARKING = "parking"
-    """Where a failure policy parks records."""
-    REPARTITION = "repartition"
-    """Internal: a re-keyed agent's forwarder sends to it, the agent consumes it
-    (``group_by=``)."""
-    RETRY = "retry"
-    """Copies of failed records waiting for the relay (``Retry``: ``{topic}-retry``)."""
-    DEAD_LETTER = "dead-letter"
-    """Records whose retries are spent (``Retry``: ``{topic}-dlq``)."""
-    DELAY = "delay"
-    """Derived events sent with a delay, waiting for the relay (``{topic}-delay``,
-    setting ``delayed_policy=relay``)."""
-    MEMBERS = "members"
-    """Where workers say which partitions they own (views forward through it)."""
-
-
-@dataclass(frozen=True)
-class TopicPlan:
-    """A topic the app needs: what ``streamapp topics create`` makes."""
-
-    name: str
-    partitions: int
-    compacted: bool = False
-    role: TopicRole = TopicRole.SOURCE
-
-
-def delay_topic(topic: str) -> str:
-    """Where derived events for ``topic`` sent with a delay wait (``delayed_policy=relay``)."""
-    return f"{topic}-delay"
-
-
-def relayed(plan: list[TopicPlan]) -> list[TopicPlan]:
-    """The topics of ``plan`` the relay consumes (retry and delay topics)."""
-    return [p for p in plan if p.role in (TopicRole.RETRY, TopicRole.DELAY)]
-
-
-def refuse_chain(app: App, broker: str) -> None:
-    """ConfigError when an agent uses the retry chain on a broker that has none (the
-    store-only source, ``broker=none``: no topic to hold the copies)."""
-    for agent in app.agents.values():
-        if isinstance(agent.on_failure, Retry) and broker not in ("kafka", "rabbitmq"):
-            raise ConfigError(
-                f"agent {agent.name!r} (topic {agent.topic.name!r}) uses "
-                f"on_failure=Retry(...), but setting broker (STREAMAPP_BROKER) = {broker!r} "
-                "has no retry chain (it runs on kafka, rabbitmq and the memory broker): use "
-                "Park(destination) or Redeliver(max_attempts=..., fallback=Park(...)) there"
-            )
+from .typed import EventTypes
 
 
 class App:
@@ -102,21 +47,38 @@ class App:
         self.agents: dict[str, Agent] = {}
         self.topics: dict[str, TopicSpec] = {}
         self.tables: dict[str, tuple[Agent, Table[Any]]] = {}
-        """Every table of the app, with the agent that owns it."""
+        """Every table version of the app by its label (``Table.label``: the name for
+        version 1, ``name@vN`` above), with the agent that writes it."""
 
     def settings(self, **overrides: Any) -> Settings:
         """Validated settings: environment, then the app's own, then ``overrides``."""
         return Settings.from_env(self.id, **{**self._overrides, **overrides})
 
-    def topic(self, name: str, *, partitions: int = 8) -> TopicSpec:
+    def topic(
+        self,
+        name: str,
+        *,
+        partitions: int = 8,
+        format: str = "cloudevents",
+        type_field: str | None = None,
+        stream_id_field: str | None = None,
+    ) -> TopicSpec:
         """Declare a topic the app reads or sends to (declaring it again returns the same
-        spec)."""
+        spec). ``format="json"`` or ``"raw"``: its records are plain values with a key,
+        not CloudEvents (:mod:`streamapp.codecs.plain`); with JSON, ``type_field`` and
+        ``stream_id_field`` name the value's fields that give the event's type and
+        stream id (else the topic's name and the record's key)."""
+        spec = TopicSpec(name, partitions, topic_format(name, format), type_field, stream_id_field)
         known = self.topics.get(name)
         if known is not None:
             if known.partitions != partitions:
                 raise ConfigError(f"topic {name!r} declared twice with different partition counts")
+            if known != spec:
+                raise ConfigError(
+                    f"topic {name!r} declared twice with different formats or fields: "
+                    f"{_shape(known)} and {_shape(spec)}"
+                )
             return known
-        spec = TopicSpec(name, partitions)
         self.topics[name] = spec
         return spec
 
@@ -133,6 +95,8 @@ class App:
         name: str | None = None,
         group_by: KeyFunction | None = None,
         group_by_partitions: int | None = None,
+        blocking: bool = False,
+        events: EventTypes | Mapping[str, type[Any]] | None = None,
     ) -> Callable[[Handler], Agent]:
         """Register ``async def handler(event, *views, send=...)`` as an agent of ``topic``.
 
@@ -157,9 +121,18 @@ class App:
         function that raises or returns no non-empty ``str`` fails the event under
         ``on_failure`` (see :mod:`streamapp.repartition`).
 
+        ``blocking=True`` runs the handler in a thread of its partition, off the event
+        loop: a plain ``def`` handler (or an ``async def`` one that blocks), for CPU-heavy
+        work or a blocking client library. Deliveries of one partition still run one at a
+        time, in order; other partitions, the group heartbeats and the views go on
+        meanwhile. Table reads and writes and ``send`` work as in an async handler and
+        commit with the batch (docs/concepts.md: Blocking handlers).
+
         Registration refuses (ConfigError naming the agent and what to change):
 
-        - a handler that is not ``async def``;
+        - a handler that is not ``async def`` (without ``blocking=True``), or a
+          Faust-style one that iterates a stream (``async for event in stream``) or
+          yields;
         - a ``topic`` or a sink that is not declared by :meth:`topic` of this app;
         - handler parameters that do not match ``tables`` and ``reads``. After the event
           parameter comes one positional parameter per listed table, own tables first,
@@ -170,7 +143,10 @@ class App:
           position, and a parameter named after a listed table must sit at that table's
           position (else the lists and the parameters are in different orders).
           ``Agent.bound`` is in parameter order;
-        - a table of another agent in ``tables`` (a table has one writer);
+        - a table of another agent in ``tables`` (a table version has one writer:
+          ``Table("t", version=2)`` is another table than ``Table("t")``, and an agent
+          writing it beside the agent writing version 1, on the same topic, is how a
+          projection changes with no downtime, docs/changing-a-projection.md);
         - a table in ``reads`` that no agent registered so far owns, or whose agent's
           topic has another partition count (not co-partitioned);
         - a ``group_by`` that is not a function, ``group_by_partitions`` without
@@ -181,24 +157,32 @@ class App:
         def register(handler: Handler) -> Agent:
             agent_name = name or getattr(handler, "__name__", None) or type(handler).__name__
             self._check_topic(agent_name, topic)
+            if history is not None and topic.plain:
+                raise ConfigError(
+                    f"agent {agent_name!r}: history= on the plain topic {topic.name!r} "
+                    f"(format={topic.format.value!r}): its records carry no stream versions, "
+                    "so the catch-up cannot hand over to them without losing or repeating "
+                    "events; read the store's CloudEvents topic instead, or drop history="
+                )
+            refuse_stream_handler(agent_name, handler, tables)
             outputs = self._check_sinks(agent_name, sinks)
-            bound = bind_tables(agent_name, handler, tables, reads, sends=bool(outputs))
+            if not isinstance(blocking, bool):
+                raise ConfigError(
+                    f"agent {agent_name!r}: blocking={blocking!r}; give True or False"
+                )
+            bound = bind_tables(
+                agent_name, handler, tables, reads, sends=bool(outputs), blocking=blocking
+            )
             if agent_name in self.agents:
                 raise ConfigError(f"agent {agent_name!r} is registered twice in app {self.id!r}")
             regroup = self._group_by(agent_name, topic, group_by, group_by_partitions, history)
             source = topic if regroup is None else regroup.topic
             own = tuple(t for t in bound if t in tuple(tables))
             read = tuple(t for t in bound if t not in own)
-            for other in self.agents.values():
-                shared = {t.name for t in other.tables} & {t.name for t in own}
-                if shared:
-                    raise ConfigError(
-                        f"agent {agent_name!r}: table(s) {sorted(shared)} belong to agent "
-                        f"{other.name!r}; a table has one writer: list it in reads=[...] to "
-                        "read it"
-                    )
+            self._check_writers(agent_name, own)
             self._check_reads(agent_name, source, read)
             policy = on_failure or Redeliver()
+            types = _event_types(agent_name, events)
             agent = Agent(
                 name=agent_name,
                 handler=handler,
@@ -211,6 +195,8 @@ class App:
                 reads=read,
                 bound=bound,
                 group_by=regroup,
+                blocking=blocking,
+                events=types,
             )
             if regroup is not None:
                 self.topics[regroup.topic.name] = regroup.topic
@@ -223,7 +209,7 @@ class App:
                     sinks=(regroup.topic,),
                 )
             self.agents[agent_name] = agent
-            self.tables.update({t.name: (agent, t) for t in agent.tables})
+            self.tables.update({t.label: (agent, t) for t in agent.tables})
             return agent
 
         return register
@@ -296,17 +282,41 @@ class App:
             out.append(sink)
         return tuple(out)
 
+    def _check_writers(self, agent: str, own: Sequence[Table[Any]]) -> None:
+        """Refuse a table version that another agent writes already (one writer each)."""
+        for table in own:
+            known = self.tables.get(table.label)
+            if known is None:
+                continue
+            other = known[0].name
+            version = f" version {table.version}" if table.version > 1 else ""
+            raise ConfigError(
+                f"agent {agent!r}: table {table.name!r}{version} is written by agent "
+                f"{other!r} already; a table version has one writer. List it in "
+                f"reads=[...] to read it, or write the next version of it "
+                f"(Table({table.name!r}, version={self._next_version(table.name)})) to "
+                f"build a changed projection beside agent {other!r}'s"
+            )
+
+    def _next_version(self, name: str) -> int:
+        return 1 + max(t.version for _, t in self.tables.values() if t.name == name)
+
+    def versions_of(self, name: str) -> dict[int, tuple[Agent, Table[Any]]]:
+        """The declared versions of table ``name``, each with the agent writing it."""
+        found = {t.version: (a, t) for a, t in self.tables.values() if t.name == name}
+        return dict(sorted(found.items()))
+
     def _check_reads(self, agent: str, topic: TopicSpec, reads: Sequence[Table[Any]]) -> None:
         for table in reads:
-            owner = self.tables.get(table.name)
+            owner = self.tables.get(table.label)
             if owner is not None and owner[1] is not table:
                 raise ConfigError(
-                    f"agent {agent!r}: reads=[{table.name!r}] is another Table object than "
+                    f"agent {agent!r}: reads=[{table.label!r}] is another Table object than "
                     f"the one agent {owner[0].name!r} writes; pass that same Table"
                 )
             if owner is None:
                 raise ConfigError(
-                    f"agent {agent!r}: reads=[{table.name!r}] names a table that no agent "
+                    f"agent {agent!r}: reads=[{table.label!r}] names a table that no agent "
                     f"registered so far in app {self.id!r} owns; register the agent that "
                     "writes it (tables=[...]) first"
                 )
@@ -353,7 +363,7 @@ class App:
     def members_topic(self) -> str:
         """The compacted topic where workers say which partitions they own and where
         their views answer (views forward a key to its owner through it)."""
-        return f"{self.id}-members"
+        return members_topic(self.id)
 
     def topic_plan(self, delayed_policy: str = "immediate") -> list[TopicPlan]:
         """Every topic the app reads or writes, with partitions and cleanup policy
@@ -393,3 +403,32 @@ class App:
             members = self.members_topic
             plan[members] = TopicPlan(members, 1, compacted=True, role=TopicRole.MEMBERS)
         return list(plan.values())
+
+
+def _shape(spec: TopicSpec) -> str:
+    shape = [f"format={spec.format.value!r}"]
+    shape += [f"{f}={v!r}" for f in ("type_field", "stream_id_field") if (v := getattr(spec, f))]
+    return ", ".join(shape)
+
+
+def _event_types(
+    agent: str, events: EventTypes | Mapping[str, type[Any]] | None
+) -> EventTypes | None:
+    if events is None or isinstance(events, EventTypes):
+        types = events
+    elif isinstance(events, Mapping):
+        try:
+            types = EventTypes(events)
+        except ConfigError as exc:
+            raise ConfigError(f"agent {agent!r}: events=: {exc}") from None
+    else:
+        raise ConfigError(
+            f"agent {agent!r}: events={events!r}; give EventTypes({{type: Model, ...}}) or a "
+            "mapping of CloudEvent types to msgspec Structs or pydantic models"
+        )
+    if types is not None:
+        try:
+            types.check()
+        except ConfigError as exc:
+            raise ConfigError(f"agent {agent!r}: events=: {exc}") from None
+    return types

@@ -43,10 +43,12 @@ def bind_tables(
     reads: Sequence[Table[Any]] = (),
     *,
     sends: bool = False,
+    blocking: bool = False,
 ) -> tuple[Table[Any], ...]:
     """``tables`` and ``reads`` in the order the handler's parameters take them, or
     ConfigError saying what to change (it names the agent). ``sends``: the agent declares
-    sinks, so its handler must take ``send``."""
+    sinks, so its handler must take ``send``; ``blocking``: it runs in a thread, so a
+    plain ``def`` handler is allowed."""
 
     def refuse(why: str) -> ConfigError:
         return ConfigError(f"agent {agent!r}: {why}")
@@ -58,7 +60,10 @@ def bind_tables(
             f"table(s) {both} are listed in tables=[...] and in reads=[...]; an agent "
             "reads its own tables through tables=[...]"
         )
-    _check_async(handler, refuse)
+    if not blocking:
+        _check_async(handler, refuse)
+    elif not callable(handler):
+        raise refuse(f"the handler {handler!r} is not a function; decorate a `def`")
     try:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):  # no signature to read (a C callable): by position
@@ -173,9 +178,15 @@ def _check_async(handler: Any, refuse: Callable[[str], ConfigError]) -> None:
             f"handler {name} is an async generator (it yields); a handler returns nothing: "
             "remove the yield"
         )
+    # A plain def is not run in a thread silently: that changes where the user's code
+    # runs (its globals and clients are then touched from another thread) and costs a
+    # thread hop per event, so it is asked for by name.
     raise refuse(
         f"handler {name} is not an async function; declare it `async def {name}(event, ...)` "
-        "(streamapp awaits it for every event)"
+        "(streamapp awaits it for every event on the event loop), or, for a handler that "
+        "blocks (CPU-heavy work, a blocking client library), keep the `def` and register it "
+        "with @app.agent(..., blocking=True): it then runs in a thread of its partition "
+        "(docs/concepts.md: Blocking handlers)"
     )
 
 

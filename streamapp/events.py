@@ -6,14 +6,15 @@ The stream id is the ``streamid`` extension, else ``subject``; the stream versio
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic
 
-import orjson
+from typing_extensions import TypeVar
+
+from .reserved import refuse_extensions
 
 SPECVERSION = "1.0"
 REQUIRED = ("id", "source", "type", "specversion")
@@ -21,9 +22,17 @@ OPTIONAL = ("subject", "time", "datacontenttype", "dataschema")
 CORE = frozenset(REQUIRED + OPTIONAL)
 
 
+D = TypeVar("D", default=Any)
+"""What an event's ``data`` is: ``Any`` (decoded JSON, bytes or None) unless the agent
+declares models for its types (:class:`streamapp.typed.EventTypes`): then
+``Event[OrderPlaced | OrderPaid]``."""
+
+
 @dataclass(frozen=True, slots=True)
-class Event:
-    """One CloudEvent. ``data`` is decoded JSON for JSON content types, else bytes or None."""
+class Event(Generic[D]):
+    """One CloudEvent. ``data`` is decoded JSON for JSON content types, else bytes or None;
+    for an agent with event models (``events=``), the model of its type, decoded when
+    first read."""
 
     id: str
     source: str
@@ -33,7 +42,7 @@ class Event:
     time: str | None = None
     datacontenttype: str | None = None
     dataschema: str | None = None
-    data: Any = None
+    data: D = None  # type: ignore[assignment]
     extensions: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -60,8 +69,14 @@ class Event:
         time: str | None = None,
         extensions: Mapping[str, str] | None = None,
     ) -> Event:
-        """A new event on stream ``stream_id`` with JSON ``data`` and a fresh id."""
+        """A new event on stream ``stream_id`` with JSON ``data`` and a fresh id.
+
+        Raises ReservedNameError (a ValueError) for an extension whose name is reserved
+        (:mod:`streamapp.reserved`: ``ce_``, ``cloudEvents_``, the chain's ``x-`` names,
+        ``streamapp-``)."""
         ext = dict(extensions or {})
+        if ext:
+            refuse_extensions(ext, f"event of type {type!r} on stream {stream_id!r}")
         ext["streamid"] = stream_id
         if version is not None:
             if version < 1:
@@ -93,8 +108,9 @@ class Event:
         return out
 
 
-class _Unfrozen:
-    """The slot layout of :class:`Event` without its frozen ``__setattr__``."""
+class _Unfrozen(Generic[D]):
+    """The slot layout of :class:`Event` without its frozen ``__setattr__`` (with its
+    base too: ``__class__`` assignment needs both)."""
 
     __slots__ = Event.__slots__
 
@@ -130,26 +146,3 @@ def build_event(
     event.__class__ = Event
     built: Event = event
     return built
-
-
-def encode_data(event: Event) -> bytes | None:
-    """The event's data as the bytes a binary-mode message carries (JSON for JSON
-    content types); TypeError when structured data has no JSON content type."""
-    data = event.data
-    if data is None or isinstance(data, bytes):
-        return data
-    if is_json_type(event.datacontenttype):
-        return orjson.dumps(data)
-    raise TypeError(
-        f"event {event.id}: data of type {type(data).__name__} needs a JSON "
-        f"datacontenttype, got {event.datacontenttype!r}"
-    )
-
-
-@functools.lru_cache(maxsize=64)  # a topic has few content types; this runs per record
-def is_json_type(content_type: str | None) -> bool:
-    """True for ``application/json``, ``text/json`` and any ``*+json`` type (parameters ignored)."""
-    if content_type is None:
-        return False
-    base = content_type.split(";", 1)[0].strip().lower()
-    return base in ("application/json", "text/json") or base.endswith("+json")

@@ -6,24 +6,35 @@ the store's own database) only after the broker confirmed the whole chunk. A cra
 the two publishes the chunk again: at-least-once, never a gap; consumers apply an event
 once by its stream version. One forwarder of a store publishes at a time: the others wait
 on the store's forwarder lock and take over when its holder dies.
+
+Logs: a line when it takes the lock (and where it starts), one for its first chunk, then
+a summary every :data:`SUMMARY_EVERY_S` while it publishes (events, rate, position
+against the store's head, lag), and a line when it stops or loses the lock. Each chunk's
+offsets are logged at DEBUG.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from .app import App
 from .engine.delivery import STORE_POSITION_HEADER
-from .errors import ConfigError, PublishError
+from .engine.interfaces import Sink
+from .errors import ConfigError, EventStoreUnavailableError, LockLostError, PublishError
 from .events import Event
-from .eventstore.base import EventStoreBackend, StoredEvent, parse_url
+from .eventstore.base import EventStoreBackend, ForwarderState, StoredEvent
 from .history import FromEventStore
+from .records import Message, Receipt
 from .settings import Backoff, Settings
-from .sink import Message, Receipt, Sink
+from .storeurl import parse_url
 
 log = logging.getLogger(__name__)
+
+SUMMARY_EVERY_S = 5.0
+"""How often a publishing forwarder logs its summary line."""
 
 Encoder = Callable[[Event], tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]
 """``event -> (key, value, headers)`` in the sink's wire format."""
@@ -75,64 +86,113 @@ class Forwarder:
         self.backoff = backoff or Backoff(attempts=20, initial_s=0.2, max_s=5.0)
         self.forwarded = 0
         """Events published (and checkpointed) by this forwarder since it started."""
+        self.lag: int | None = None
+        """Store events not published yet, at the last summary (None: not known yet)."""
+        self.rate = 0.0
+        """Events per second over the last summary's period (0 once a period published none)."""
+        self.failures = 0
+        """Failed publishes and producer starts since the last confirmed chunk (or idle read)."""
+        self.holding = False
+        """Whether this forwarder holds the store's forwarder lock (and so publishes)."""
+        self.position: int | None = None
+        """The checkpoint: the next store position to publish (None: lock never held)."""
 
     async def run(self) -> None:
-        """Wait for the lock, then forward until cancelled."""
+        """Wait for the lock, then forward until cancelled. A lock lost with its database
+        session (a server restart) stops publishing at once; the forwarder then waits for
+        the lock again and goes on from the checkpoint, which another forwarder may have
+        advanced meanwhile."""
         state = self.store.forwarder_state(self.name)
-        async with state.lock():
-            position = await state.load()
-            log.info(
-                "forwarder %s starts at store position %d, publishing to %s",
-                self.name,
-                position,
-                ", ".join(self.topics),
-            )
-            sink = await self._sink()
-            failures = 0
+        while True:
             try:
-                while True:
-                    try:
-                        rows = await self.store.read_all(position, self.chunk)
-                    except Exception as exc:  # the store restarts or is busy: read again
+                async with state.lock():
+                    await self._forward(state)
+            except LockLostError as exc:
+                log.warning("%s: stopped publishing; taking the lock again", exc)
+            except EventStoreUnavailableError as exc:
+                log.warning("forwarder %s: %s; trying again", self.name, exc)
+                await asyncio.sleep(self.poll_interval_s)
+
+    async def _forward(self, state: ForwarderState) -> None:
+        """Publish from the checkpoint on, while holding the lock."""
+        position = await state.load()
+        self.position, self.holding = position, True
+        log.info(
+            "forwarder %s starts at store position %d, publishing to %s",
+            self.name,
+            position,
+            ", ".join(self.topics),
+        )
+        sink = await self._sink()
+        failures = 0
+        read_failed: float | None = None
+        summary = _Summary(self, position)
+        try:
+            while True:
+                await summary.maybe_log(position)
+                try:
+                    rows = await self.store.read_all(position, self.chunk)
+                except Exception as exc:  # the store is busy, or still down: read again
+                    if read_failed is None:  # once per outage (the store logs its own)
+                        read_failed = time.monotonic()
                         log.warning("forwarder %s: reading the store failed: %r", self.name, exc)
-                        await asyncio.sleep(self.poll_interval_s)
-                        continue
-                    if not rows:
-                        await asyncio.sleep(self.poll_interval_s)
-                        continue
-                    try:
-                        receipts = await sink.publish_many(self._messages(rows))
-                    except PublishError as exc:
-                        failures += 1
-                        delay = self.backoff.delays()[min(failures, self.backoff.attempts - 2)]
-                        log.warning(
-                            "forwarder %s: positions %d..%d not confirmed, publishing them "
-                            "again in %.1fs with a new producer: %s",
-                            self.name,
-                            rows[0].position,
-                            rows[-1].position,
-                            delay,
-                            exc,
-                        )
-                        await _stop(sink)
-                        await asyncio.sleep(delay)
-                        sink = await self._sink()
-                        continue
-                    failures = 0
-                    offsets = _highest(receipts, rows, len(self.topics))
-                    position = rows[-1].position + 1
-                    await state.save(position, offsets)
-                    self.forwarded += len(rows)
+                    await asyncio.sleep(self.poll_interval_s)
+                    continue
+                if read_failed is not None:
                     log.info(
-                        "forwarder %s published positions %d..%d (%d events); offsets %s",
+                        "forwarder %s: reading the store again after %.1fs",
+                        self.name,
+                        time.monotonic() - read_failed,
+                    )
+                    read_failed = None
+                if not rows:
+                    self.failures = 0  # caught up, the producer started: nothing failing
+                    await asyncio.sleep(self.poll_interval_s)
+                    continue
+                try:
+                    receipts = await sink.publish_many(self._messages(rows))
+                except PublishError as exc:
+                    failures += 1
+                    self.failures += 1
+                    delay = self.backoff.delays()[min(failures, self.backoff.attempts - 2)]
+                    log.warning(
+                        "forwarder %s: positions %d..%d not confirmed, publishing them "
+                        "again in %.1fs with a new producer: %s",
                         self.name,
                         rows[0].position,
                         rows[-1].position,
-                        len(rows),
-                        " ".join(f"{t}[{p}]@{o}=pos{s}" for t, p, o, s in offsets),
+                        delay,
+                        exc,
                     )
-            finally:
-                await _stop(sink)
+                    await _stop(sink)
+                    await asyncio.sleep(delay)
+                    sink = await self._sink()
+                    continue
+                failures = self.failures = 0
+                offsets = _highest(receipts, rows, len(self.topics))
+                position = rows[-1].position + 1
+                await state.save(position, offsets)
+                self.position = position
+                self.forwarded += len(rows)
+                summary.published(rows[0].position, rows[-1].position)
+                log.debug(
+                    "forwarder %s published positions %d..%d (%d events); offsets %s",
+                    self.name,
+                    rows[0].position,
+                    rows[-1].position,
+                    len(rows),
+                    " ".join(f"{t}[{p}]@{o}=pos{s}" for t, p, o, s in offsets),
+                )
+        finally:
+            self.holding = False
+            log.info(
+                "forwarder %s stopped publishing at store position %d (%d events published "
+                "while it held the lock)",
+                self.name,
+                position,
+                summary.total,
+            )
+            await _stop(sink)
 
     def _messages(self, rows: list[StoredEvent]) -> list[Message]:
         out: list[Message] = []
@@ -155,6 +215,7 @@ class Forwarder:
                 await _stop(sink)
                 delay = delays[min(attempt, len(delays) - 1)] if delays else 1.0
                 attempt += 1
+                self.failures += 1
                 log.warning(
                     "forwarder %s: broker not reachable (%r); retrying in %.1fs",
                     self.name,
@@ -162,6 +223,69 @@ class Forwarder:
                     delay,
                 )
                 await asyncio.sleep(delay)
+
+
+class _Summary:
+    """What a forwarder published since its last summary line (see the module docstring)."""
+
+    def __init__(self, forwarder: Forwarder, position: int) -> None:
+        self.forwarder = forwarder
+        self.total = 0
+        self._count = 0
+        self._first: int | None = None
+        self._last = position - 1
+        self._since = time.monotonic()
+
+    def published(self, first: int, last: int) -> None:
+        if self.total == 0:
+            log.info(
+                "forwarder %s published positions %d..%d (%d events), its first since it "
+                "took the lock; a summary follows every %.0fs while it publishes",
+                self.forwarder.name,
+                first,
+                last,
+                last - first + 1,
+                SUMMARY_EVERY_S,
+            )
+            self._since = time.monotonic()
+        else:
+            self._first = first if self._first is None else self._first
+            self._count += last - first + 1
+        self.total += last - first + 1
+        self._last = last
+
+    async def maybe_log(self, position: int) -> None:
+        """The summary line, when one is due and something was published since the last."""
+        now = time.monotonic()
+        elapsed = now - self._since
+        if elapsed < SUMMARY_EVERY_S:
+            return
+        if self._first is None:  # a period without a published chunk: no rate
+            if self.total:
+                self.forwarder.rate = 0.0
+            return
+        fwd = self.forwarder
+        try:
+            head = await fwd.store.head()
+        except Exception:  # the store is down: the read that follows says so
+            return
+        fwd.rate = self._count / elapsed
+        fwd.lag = max(0, head - (position - 1))
+        log.info(
+            "forwarder %s published positions %d..%d: %d events in %.1fs (%.0f ev/s), "
+            "%d in all; store position %d of head %d, lag %d events",
+            fwd.name,
+            self._first,
+            self._last,
+            self._count,
+            elapsed,
+            fwd.rate,
+            self.total,
+            position - 1,
+            head,
+            fwd.lag,
+        )
+        self._first, self._count, self._since = None, 0, now
 
 
 def _highest(

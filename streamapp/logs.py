@@ -5,7 +5,8 @@ ERROR (hundreds of lines a second). :class:`Throttle` lets the first record of e
 message through and then one per ``window_s``, saying how many it held back.
 :class:`Gate` does the same for handler tracebacks (first per partition, then one a
 window). Setting ``log_format`` = ``json`` (``STREAMAPP_LOG_FORMAT``) writes one JSON
-object per line instead of text.
+object per line instead of text. The engine's own summary lines are in
+:mod:`streamapp.engine.summary` and :mod:`streamapp.engine.resume`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import logging
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    pass
 
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -20,15 +20,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
+from .codecs import plain
 from .errors import OutputError
 from .events import Event
 from .partitioner import partition_for
-from .sink import Message
-
-if TYPE_CHECKING:
-    from .agent import TopicSpec
+from .records import Message
+from .reserved import first_reserved, suggestion
+from .retry_chain import delayed
+from .topics import TopicSpec, delay_topic
+from .typed import EventTypes
 
 log = logging.getLogger("streamapp.agent")
 
@@ -47,18 +49,32 @@ class Send:
     ``{topic}-delay`` until due, then republished to ``topic`` by the relay).
     """
 
-    __slots__ = ("_agent", "_encode", "_outbox", "_sinks", "clock", "delayed_policy")
+    __slots__ = ("_agent", "_encode", "_outbox", "_sinks", "_types", "clock", "delayed_policy")
 
     def __init__(
-        self, agent: str, sinks: Sequence[TopicSpec], encode: Encoder, outbox: Outbox
+        self,
+        agent: str,
+        sinks: Sequence[TopicSpec],
+        encode: Encoder,
+        outbox: Outbox,
+        types: EventTypes | None = None,
     ) -> None:
         self._agent, self._encode, self._outbox = agent, encode, outbox
+        self._types = types
+        """The agent's event models: a registered model is sent as its type's event."""
         self._sinks = {spec.name: spec for spec in sinks}
         self.delayed_policy = "immediate"
         self.clock: Callable[[], float] = time.time
 
     def __call__(
-        self, topic: TopicSpec | str, event: Event, *, delay_s: float | None = None
+        self,
+        topic: TopicSpec | str,
+        event: Event | Any,
+        *,
+        delay_s: float | None = None,
+        stream_id: str | None = None,
+        id: str | None = None,
+        version: int | None = None,
     ) -> None:
         name = topic if isinstance(topic, str) else getattr(topic, "name", None)
         spec = self._sinks.get(name) if isinstance(name, str) else None
@@ -69,9 +85,13 @@ class Send:
                 f"declare (its sinks: {declared}); add it to sinks=[...] of @app.agent"
             )
         if not isinstance(event, Event):
+            event = self._from_model(spec, event, stream_id, id, version)
+        if event.extensions and (found := first_reserved(event.extensions)) is not None:
+            name, why = found
             raise OutputError(
-                f"agent {self._agent!r}: send({spec.name!r}, ...) takes an Event, not "
-                f"{type(event).__name__}; build one with Event.create(type, stream_id=...)"
+                f"agent {self._agent!r}: event {event.id} sent to {spec.name!r} has extension "
+                f"{name!r}, a reserved name ({why}); give it a plain name such as "
+                f"{suggestion(name)!r} (lower case letters and digits)"
             )
         sid = event.stream_id
         if not sid:
@@ -79,12 +99,43 @@ class Send:
                 f"agent {self._agent!r}: event {event.id} sent to {spec.name!r} has no stream "
                 "id (streamid or subject): it is the message key and picks the partition"
             )
-        key, value, headers = self._encode(event)
+        if spec.plain:
+            try:
+                key, value, headers = plain.encode(spec, event)
+            except TypeError as exc:
+                raise OutputError(f"agent {self._agent!r}: {exc}") from None
+        else:
+            key, value, headers = self._encode(event)
         partition = partition_for(sid.encode(), spec.partitions)
         message = Message(spec.name, value, key, headers, partition)
         if delay_s is not None and delay_s > 0:
             message = self._delayed(message, event, delay_s)
         self._outbox.add(message)
+
+    def _from_model(
+        self,
+        spec: TopicSpec,
+        model: Any,
+        stream_id: str | None,
+        id: str | None,
+        version: int | None,
+    ) -> Event:
+        """The event of a registered model (``events=`` of the agent)."""
+        if self._types is None:
+            raise OutputError(
+                f"agent {self._agent!r}: send({spec.name!r}, ...) takes an Event, not "
+                f"{type(model).__name__}; build one with Event.create(type, stream_id=...), or "
+                "register the model in the agent's events= to send it as is"
+            )
+        if not stream_id:
+            raise OutputError(
+                f"agent {self._agent!r}: send({spec.name!r}, {type(model).__name__}(...)) needs "
+                "stream_id=...: it is the event's stream, its message key and its partition"
+            )
+        try:
+            return self._types.to_event(model, stream_id=stream_id, id=id, version=version)
+        except (TypeError, ValueError) as exc:
+            raise OutputError(f"agent {self._agent!r}: send({spec.name!r}, ...): {exc}") from None
 
     def _delayed(self, message: Message, event: Event, delay_s: float) -> Message:
         policy, topic = self.delayed_policy, message.topic
@@ -96,9 +147,6 @@ class Send:
                 "'immediate', or send without delay_s"
             )
         if policy == "relay":
-            from .app import delay_topic
-            from .engine.chain import delayed
-
             return delayed(message, delay_topic(topic), self.clock() * 1000, delay_s)
         log.warning(
             "agent %s: event %s to %s sent now, not in %gs: setting delayed_policy is "

@@ -26,43 +26,20 @@ from one source partition, whose forwarder sends them in order, so the events of
 stream that reach one repartition partition arrive in version order (a stream whose
 events map to several keys leaves an increasing subsequence in each partition).
 
-RabbitMQ and ``STREAMAPP_BROKER=none`` are refused (:func:`refuse_broker`): a RabbitMQ
-partition with tables restores through the event-store replay, which is partitioned by
-stream id, not by the key function; and the store alone has no topic to re-key through.
+RabbitMQ and ``STREAMAPP_BROKER=none`` are refused (their transports' capabilities,
+:func:`streamapp.transport.refuse_unsupported`): a RabbitMQ partition with tables
+restores through the event-store replay, which is partitioned by stream id, not by the
+key function; and the store alone has no topic to re-key through.
 For the same reason ``history=`` is refused with ``group_by``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
+from .agent import Handler
 from .errors import ConfigError, GroupByError
 from .events import Event
 from .outputs import Send
-
-if TYPE_CHECKING:
-    from .agent import Agent, Handler, TopicSpec
-
-KeyFunction = Callable[[Event], str]
-"""``event -> key``: the new key of an event (a non-empty ``str``)."""
-
-
-@dataclass(frozen=True)
-class GroupBy:
-    """How an agent is re-keyed: the key function, the topic it reads from and the
-    repartition topic it consumes, and the name of its forwarding agent."""
-
-    key: KeyFunction
-    source: TopicSpec
-    topic: TopicSpec
-    forwarder: str
-
-
-def repartition_topic(app_id: str, agent: str) -> str:
-    """The internal repartition topic of ``agent`` (made by ``streamapp topics create``)."""
-    return f"{app_id}-{agent}-repartition"
+from .topics import GroupBy, KeyFunction
 
 
 def forwarder_name(agent: str) -> str:
@@ -107,25 +84,3 @@ def forwarding_handler(agent: str, group_by: GroupBy) -> Handler:
 
     forward.__name__ = forward.__qualname__ = group_by.forwarder
     return forward
-
-
-def refuse_broker(agents: Iterable[Agent], broker: str) -> None:
-    """ConfigError naming the first re-keyed agent when ``broker`` cannot run it."""
-    if broker == "kafka":
-        return
-    for agent in agents:
-        if agent.group_by is None:
-            continue
-        if broker == "rabbitmq":
-            why = (
-                "a RabbitMQ partition with tables restores through the event-store replay, "
-                "which is partitioned by stream id, not by the key function; run it on kafka "
-                "(or test it with the memory broker)"
-            )
-        else:
-            why = "the event store alone has no topic to re-key through; run it on kafka"
-        raise ConfigError(
-            f"agent {agent.name!r} consumes {agent.group_by.source.name!r} re-keyed "
-            f"(group_by=...), which setting broker (STREAMAPP_BROKER) = {broker!r} does not "
-            f"support: {why}"
-        )

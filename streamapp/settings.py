@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .storeurl import parse_url
 
 ENV_PREFIX = "STREAMAPP_"
 BROKERS = ("kafka", "rabbitmq", "none")
@@ -91,6 +92,9 @@ class Settings:
     data_dir: Path = Path("streamapp-data")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    forwarder_web_port: int = 6067
+    """Where ``streamapp forward`` serves ``/healthz``, ``/metrics`` and ``/status`` (on
+    ``web_host``, with ``web_token``): 0 picks a free port (logged), -1 serves nothing."""
     web_advertised_url: str | None = None
     """Where other workers reach these views (default ``http://web_host:web_port``)."""
     log_format: str = "text"
@@ -114,7 +118,13 @@ class Settings:
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     rebalance_timeout_ms: int = 60_000
-    publish_timeout_s: float = 30.0
+    publish_timeout_s: float = 5.0
+    """How long a publish may wait for the broker's confirm (a RabbitMQ confirm, a park, a
+    retry or dead-letter copy, a relayed or forwarded event) before it counts as failed,
+    outcome unknown: the record is not settled and comes again."""
+    transaction_timeout_s: float = 30.0
+    """How long a Kafka partition task's transaction (changelog records, derived events,
+    chain copies and offsets) and the start of its transactional writer may take."""
     replication_factor: int = 1
     shutdown_timeout_s: float = 45.0
     store_open_timeout_s: float = 30.0
@@ -122,14 +132,22 @@ class Settings:
     """Committed values each partition store keeps in memory per table, and stream
     versions as many: the handlers' and the stream-version guard's reads of them skip
     RocksDB. A worker holds at most this x (tables + 1) x partitions; 0: no cache.
-    Outside ``memory_limit_mb`` (README: Memory)."""
+    Outside ``memory_limit_mb`` (docs/settings.md: Memory)."""
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
     """RocksDB's memory for the whole worker: one block cache of this size, shared by
-    every partition store it opens, with their memtables charged to it (README: Memory)."""
+    every partition store it opens, with their memtables charged to it (docs/settings.md:
+    Memory)."""
     restore_stall_timeout_s: float = 60.0
+    loop_stall_warn_ms: int = 500
+    """Warn when the event loop did not run for longer than this (a handler that blocks
+    it stalls every partition, the group heartbeats and the views): the warning names the
+    agent and the record, while the stall lasts and again with its total. 0: off."""
     startup_retry: Backoff = field(default_factory=Backoff)
 
     def __post_init__(self) -> None:
+        given: object = self.data_dir
+        if isinstance(given, str):  # App(data_dir="...") as users write it
+            object.__setattr__(self, "data_dir", Path(given))
         self._validate()
 
     @property
@@ -193,9 +211,7 @@ class Settings:
             )
         if self.broker not in BROKERS:
             raise bad("broker", f"must be one of {', '.join(BROKERS)}")
-        from .eventstore.base import parse_url  # raises ConfigError naming the setting
-
-        parse_url(self.event_store)
+        parse_url(self.event_store)  # raises ConfigError naming the setting
         if self.delayed_policy not in DELAYED_POLICIES:
             raise bad("delayed_policy", f"must be one of {', '.join(DELAYED_POLICIES)}")
         if self.auto_offset_reset not in ("earliest", "latest"):
@@ -221,6 +237,8 @@ class Settings:
             raise bad("log_format", "must be 'text' or 'json'")
         if not 0 <= self.web_port < 65536:
             raise bad("web_port", "must be a TCP port (0 picks a free one)")
+        if not -1 <= self.forwarder_web_port < 65536:
+            raise bad("forwarder_web_port", "must be a TCP port (0 picks a free one, -1: none)")
         for name in (
             "poll_timeout_ms",
             "redeliver_backoff_max_ms",
@@ -235,6 +253,7 @@ class Settings:
             "amqp_heartbeat_ms",
             "amqp_session_timeout_ms",
             "publish_timeout_s",
+            "transaction_timeout_s",
             "shutdown_timeout_s",
             "store_open_timeout_s",
             "restore_stall_timeout_s",
@@ -259,6 +278,8 @@ class Settings:
                 "must exceed half of rebalance_timeout_ms (the time a partition may take to "
                 "finish its batch when it is revoked), or a stopping worker cannot drain",
             )
+        if self.loop_stall_warn_ms < 0:
+            raise bad("loop_stall_warn_ms", "must be 0 (off) or more (milliseconds)")
         if self.table_cache_keys < 0:
             raise bad("table_cache_keys", "must be 0 (no cache) or more")
         if self.memory_limit_mb < MIN_MEMORY_LIMIT_MB:
@@ -319,7 +340,7 @@ def _hint(name: str, *, env: bool = False) -> str:
         )
     close = difflib.get_close_matches(name.lower(), _SETTABLE, n=1)
     if not close:
-        return "; the settings are the fields of streamapp.Settings (README: Settings)"
+        return "; the settings are the fields of streamapp.Settings (docs/settings.md)"
     if env:
         return f"; did you mean {ENV_PREFIX}{close[0].upper()} (setting {close[0]})?"
     return f"; did you mean {close[0]!r}?"

@@ -3,8 +3,9 @@
 Lifecycle: serve views, open the event store when an agent has a history (or when the
 store is the only source), connect the broker (with start-up retries), join the group;
 on SIGTERM or SIGINT finish batches in hand, flush tables, commit, leave the group and
-exit within ``shutdown_timeout_s``. The worker knows transports only here, where it
-builds them (``STREAMAPP_BROKER``); everything else sees a :class:`LiveSource`.
+exit within ``shutdown_timeout_s``. The worker builds its parts with the transport of
+setting broker (``transports[settings.broker]``) and asks its capabilities; everything
+else sees a :class:`LiveSource`.
 """
 
 from __future__ import annotations
@@ -14,26 +15,26 @@ import logging
 import os
 import signal
 import socket
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
-from .app import App, refuse_chain, relayed
+from .app import App
 from .catchup import StoreFeed
-from .engine.source import LiveSource
-from .errors import ConfigError, ShutdownTimeoutError
+from .engine.interfaces import LiveSource, Sink
+from .engine.served import LATCH_FILE, DurableLatch
+from .engine.stall import watch_loop
+from .engine.summary import summarize_partitions
+from .errors import BrokerUnavailableError, ConfigError, ShutdownTimeoutError, StateMismatchError
 from .eventstore import open_store
-from .eventstore.base import EventStoreBackend
-from .repartition import refuse_broker
+from .eventstore.base import EventStoreBackend, display_url
+from .retirement import RetirementWatch
 from .settings import Settings
-from .sink import Sink
 from .tables.memory import rocks_memory
+from .topics import relayed
+from .transport import MembersDirectory, Relay, WorkerContext, refuse_unsupported, transports
 from .web.metrics import WorkerMetrics
-
-if TYPE_CHECKING:
-    from .kafka.members import KafkaMembers
-    from .kafka.relay import KafkaRelay
-    from .rabbitmq.relay import RabbitRelay
 from .web.views import make_app
 
 log = logging.getLogger("streamapp.worker")
@@ -53,22 +54,19 @@ class Worker:
         self.feed: StoreFeed | None = None
         self.source: LiveSource | None = None
         self.sink: Sink | None = None
-        self.members: KafkaMembers | None = None
-        self.relay: KafkaRelay | RabbitRelay | None = None
+        self.members: MembersDirectory | None = None
+        self.relay: Relay | None = None
+        self.retirements: RetirementWatch | None = None
         self._web: web.AppRunner | None = None
+        self._listening: socket.socket | None = None
+        self._summary: asyncio.Task[None] | None = None
         self.metrics = WorkerMetrics()
         self.metrics.watch_memory(rocks_memory(settings.memory_limit_mb))
         self._stop = asyncio.Event()
-        refuse_broker(app.agents.values(), settings.broker)
-        refuse_chain(app, settings.broker)
+        self._unwatch: Callable[[], None] | None = None
+        self.transport = transports[settings.broker]
+        refuse_unsupported(app, settings.broker, self.transport.capabilities)
         for agent in app.agents.values():
-            if agent.sinks and settings.broker == "none":
-                raise ConfigError(
-                    f"agent {agent.name!r} sends derived events to "
-                    f"{[t.name for t in agent.sinks]}, but setting broker "
-                    "(STREAMAPP_BROKER) = 'none' has no broker to send them to: run the app "
-                    "on kafka or rabbitmq"
-                )
             url = agent.history.url if agent.history is not None else None
             if url is not None and url != settings.event_store:
                 raise ConfigError(
@@ -82,84 +80,90 @@ class Worker:
     def needs_store(self) -> bool:
         """The store is read: an agent has a history, or it is the only source."""
         agents = self.app.agents.values()
-        return self.settings.broker == "none" or any(a.history for a in agents)
+        return self.transport.capabilities.store_only or any(a.history for a in agents)
 
-    async def _open_source(self) -> LiveSource:
-        settings, app = self.settings, self.app
-        if self.needs_store:
-            self.store = await open_store(settings.event_store)
-            self.feed = StoreFeed(self.store, poll_s=settings.poll_timeout_ms / 1000)
-        if settings.broker == "rabbitmq":
-            from .rabbitmq.sink import RabbitSink
-            from .rabbitmq.source import RabbitSource
-            from .rabbitmq.topology import plans
-
-            partitions = {p.name: p.partitions for p in plans(app, settings.delayed_policy)}
-            self.sink = RabbitSink(settings, partitions)
-            return RabbitSource(
-                app,
-                settings,
-                self.sink,
-                self.app_ref,
-                history=self.feed,
-                member_id=self.id,
-                views_url=lambda: self.views_url,
-                metrics=self.metrics,
-            )
-        if settings.broker == "kafka":
-            from .kafka.sink import KafkaSink
-            from .kafka.source import KafkaSource
-
-            self.sink = KafkaSink(settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s)
-            return KafkaSource(
-                app, settings, self.sink, self.app_ref, history=self.feed, metrics=self.metrics
-            )
-        from .eventstore.source import StoreSource
-
-        assert self.store is not None
-        assert self.feed is not None
-        return StoreSource(
-            app, settings, self.feed, self.store.worker_lock(app.id), metrics=self.metrics
+    @property
+    def _context(self) -> WorkerContext:
+        return WorkerContext(
+            self.app,
+            self.settings,
+            self.app_ref,
+            self.id,
+            self.metrics,
+            views_url=lambda: self.views_url,
         )
 
-    async def start(self) -> None:
-        """Serve views (fails fast on a taken port), connect, check topics, join the group."""
-        try:
-            self.source = await self._open_source()
-            await self._serve()
-            sink = self.sink
-            if self.settings.broker == "kafka" and sink is not None:
-                from .kafka.retry import with_startup_retry
+    async def _open_source(self) -> LiveSource:
+        """Open the store when it is read (only now: a start that failed before made no
+        store file), then the source of setting broker."""
+        settings = self.settings
+        if self.needs_store:
+            self.store = await open_store(settings.event_store)
+            log.info(
+                "event store %s: head position %d",
+                display_url(settings.event_store),
+                await self.store.head(),
+            )
+            self.feed = StoreFeed(self.store, poll_s=settings.poll_timeout_ms / 1000)
+        return self.transport.open_source(self._context, self.sink, self.feed, self.store)
 
-                await with_startup_retry(self.settings, "Kafka producer", sink.start)
-            elif sink is not None:
-                await sink.start()
+    async def _watch_retirements(self) -> RetirementWatch | None:
+        """Follow the ledger of retired table versions (:mod:`streamapp.retirement`):
+        before any store opens, refuse a retired version in the code and drop retired
+        versions' local stores; then drop them as retirements come."""
+        if not self.app.tables:
+            return None
+        try:
+            backend = await self.transport.open_ledger(self.app, self.settings)
+        except ConfigError as exc:
+            log.warning("%s: retired table versions are not followed", exc)
+            return None
+        changelogs = self.transport.capabilities.changelog
+        watch = RetirementWatch(self.app, self.settings, self.app_ref, backend, changelogs)
+        try:
+            await watch.start()
+        except BaseException:
+            await watch.stop()
+            raise
+        return watch
+
+    async def start(self) -> None:
+        """Bind the views' port (fails fast when taken), connect the broker, open the
+        store, check topics, join the group. Nothing is created on disk before the port
+        is bound and the broker answered."""
+        try:
+            listening = self._bind()
+            self._unwatch = watch_loop(self.settings.loop_stall_warn_ms, self.metrics)
+            self.sink = self.transport.make_sink(self.app, self.settings, self.metrics)
+            try:
+                if self.sink is not None:
+                    await self.transport.connect_sink(self.settings, self.sink)
+            except BrokerUnavailableError as exc:
+                said = str(exc).rstrip(".")
+                stop = "" if said.endswith("?") else "."
+                raise BrokerUnavailableError(f"{said}{stop} {self._no_broker_hint()}") from exc
+            if self.needs_store:
+                # MissingTopicError before the store is opened, so it makes no store file
+                # (the source checks again); start-up retries wait for ``topics create``.
+                await self.transport.check_topology(self.app, self.settings, self.app_ref)
+            self.retirements = await self._watch_retirements()
+            self.source = await self._open_source()
+            latch = self.settings.data_dir / f"{self.app.id}-{LATCH_FILE}"  # beside its stores
+            self.source.assignment.served = DurableLatch(latch)
+            await self._serve(listening)
+            sink = self.sink
             if self.feed is not None:
                 self.feed.start()
             await self.source.start()
-            relayed_topics = relayed(self.app.topic_plan(self.settings.delayed_policy))
-            if self.settings.broker == "rabbitmq" and relayed_topics:
-                from .rabbitmq.relay import RabbitRelay
-                from .rabbitmq.sink import RabbitSink
-
-                assert isinstance(sink, RabbitSink)
-                self.relay = RabbitRelay(self.settings, sink, relayed_topics, self.app_ref)
-                await self.relay.start()
-            if self.settings.broker == "kafka":
-                from .kafka.members import KafkaMembers
-                from .kafka.sink import KafkaSink
-
-                assert isinstance(sink, KafkaSink)
-                self.members = KafkaMembers(
-                    self.app, self.settings, self.source.assignment, self.id, sink
-                )
+            context, transport = self._context, self.transport
+            self.members = transport.make_directory(context, self.source, sink)
+            if self.members is not None:
                 await self.members.start(self.views_url)
-                if relayed_topics:
-                    from .kafka.relay import KafkaRelay
-
-                    topics = [p.name for p in relayed_topics]
-                    self.relay = KafkaRelay(self.settings, sink, topics)
-                    await self.relay.start()
+            relayed_topics = relayed(self.app.topic_plan(self.settings.delayed_policy))
+            self.relay = transport.make_relay(context, sink, relayed_topics)
+            if self.relay is not None:
+                self.metrics.watch_relay(transport.name, self.relay)
+                await self.relay.start()
         except BaseException:
             await self._shutdown()
             raise
@@ -167,13 +171,44 @@ class Worker:
             "worker %s of app %s started on %s; views on http://%s:%s%s",
             self.id,
             self.app.id,
-            self.settings.broker,
+            self._on_what(),
             self.settings.web_host,
             self.web_port,
             " (bearer token required)" if self.settings.web_token else "",
         )
+        self._summary = asyncio.create_task(
+            summarize_partitions(self.source.assignment, lambda line: log.info("%s", line)),
+            name="partitions summary",
+        )
 
-    async def _serve(self) -> None:
+    def _on_what(self) -> str:
+        """What the worker runs on, for its start line (no URL: it may hold a password)."""
+        return self.transport.describe(self.settings)
+
+    def _no_broker_hint(self) -> str:
+        return (
+            f"Without a broker, STREAMAPP_BROKER=none runs the worker on the event store "
+            f"alone (setting event_store = {self.settings.event_store!r}): one worker owns "
+            "every partition and follows the store, no Kafka or RabbitMQ needed."
+        )
+
+    def _bind(self) -> socket.socket:
+        """The listening socket of the views, bound before anything else starts."""
+        host, port = self.settings.web_host, self.settings.web_port
+        try:
+            family = socket.getaddrinfo(
+                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0][0]
+            self._listening = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve table views on {host}:{port} ({exc.strerror or exc}); choose "
+                "another port with --web-port or STREAMAPP_WEB_PORT (0 picks a free one)"
+            ) from exc
+        self.web_port = self._listening.getsockname()[1]
+        return self._listening
+
+    async def _serve(self, listening: socket.socket) -> None:
         feed = self.feed
         assert self.source is not None
         self._web = web.AppRunner(
@@ -188,18 +223,8 @@ class Worker:
             max_line_size=MAX_REQUEST_LINE,
         )
         await self._web.setup()
-        host, port = self.settings.web_host, self.settings.web_port
-        site = web.TCPSite(self._web, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve table views on {host}:{port} ({exc.strerror}); choose another "
-                "port with --web-port or STREAMAPP_WEB_PORT (0 picks a free one)"
-            ) from exc
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        self.web_port = sockets[0].getsockname()[1] if sockets else port
+        await web.SockSite(self._web, listening).start()
+        self._listening = None  # the server owns it now
 
     @property
     def views_url(self) -> str:
@@ -217,9 +242,8 @@ class Worker:
         self._stop.set()
 
     async def stop(self) -> None:
-        log.info(
-            "worker %s stopping: finishing batches, flushing tables, leaving the group", self.id
-        )
+        leaving = ", leaving the group" if self.transport.capabilities.group else ""
+        log.info("worker %s stopping: finishing batches, flushing tables%s", self.id, leaving)
         shutdown = asyncio.create_task(self._shutdown(), name="worker shutdown")
         try:
             await asyncio.wait({shutdown}, timeout=self.settings.shutdown_timeout_s)
@@ -237,6 +261,9 @@ class Worker:
         log.info("worker %s stopped", self.id)
 
     async def _shutdown(self) -> None:
+        if self._summary is not None:
+            self._summary.cancel()
+            await asyncio.gather(self._summary, return_exceptions=True)
         try:
             if self.relay is not None:
                 await self.relay.stop()
@@ -247,12 +274,20 @@ class Worker:
         finally:
             if self.feed is not None:
                 await self.feed.stop()
-            if self.sink is not None and self.source is not None:
+            if self.retirements is not None:
+                await self.retirements.stop()
+            if self.sink is not None:
                 await self.sink.stop()
             if self.store is not None:
                 await self.store.close()
             if self._web is not None:
                 await self._web.cleanup()
+            if self._listening is not None:
+                self._listening.close()
+                self._listening = None
+            if self._unwatch is not None:
+                self._unwatch()
+                self._unwatch = None
 
     async def run(self) -> None:
         """Start, run until a signal (or a fatal source error), then stop."""
@@ -273,8 +308,10 @@ class Worker:
             await self.stop()
         finally:
             for task in watched:
-                if task in done and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+                if task in done and (exc := task.exception()) is not None:
+                    if isinstance(exc, StateMismatchError):
+                        raise exc.for_app(self.app_ref)  # the fix names the app as run
+                    raise exc
 
 
 async def _abandon(shutdown: asyncio.Task[None]) -> None:

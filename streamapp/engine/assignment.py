@@ -6,31 +6,50 @@ source); the worker, the views and the status page read it, and know no transpor
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from ..app import App
+from ..agent import Agent
 from ..errors import TableUnavailableError
 from ..partitioner import partition_for
 from ..tables.store import Store
 from ..tables.table import Table
-from .directory import Directory
+from .interfaces import Directory
 from .phase import Phase
 from .task import PartitionTask
+
+
+class Agents(Protocol):
+    """What the assignment and the views read of the app: its id, its agents and which
+    agent owns each table (:class:`streamapp.app.App` is one). The engine sits below
+    the app, so it names what it needs instead of importing it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def agents(self) -> Mapping[str, Agent]: ...
+    @property
+    def tables(self) -> Mapping[str, tuple[Agent, Table[Any]]]: ...
+    def agents_of(self, topic: str) -> list[Agent]: ...
 
 
 class Assignment:
     """The partition tasks of one worker, by (topic, partition)."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Agents) -> None:
         self.app = app
         self.tasks: dict[tuple[str, int], PartitionTask] = {}
         self.rebalancing = True
         """True from start (or a revocation) until the partitions are handed out."""
         self.directory: Directory | None = None
         """Owners of the partitions of other workers (None: views do not forward)."""
+        self.served: dict[str, int] = {}
+        """The table version views answer each table from, by table name: one-way, it
+        only moves up (unless that version is retired; :mod:`streamapp.engine.served`)."""
 
     def owner_of(self, table: str, key: str) -> tuple[int, PartitionTask | None]:
-        """The partition of ``key`` in ``table``, and its task if this worker owns it."""
+        """The partition of ``key`` in the table labelled ``table`` (``Table.label``), and
+        its task if this worker owns it."""
         agent, _ = self.app.tables[table]
         partition = partition_for(key.encode(), agent.topic.partitions)
         return partition, self.tasks.get((agent.topic.name, partition))
@@ -70,18 +89,18 @@ class Assignment:
 
 
 def read_store(
-    tasks: dict[tuple[str, int], PartitionTask], app: App, table: Table[Any], partition: int
+    tasks: dict[tuple[str, int], PartitionTask], app: Agents, table: Table[Any], partition: int
 ) -> Store:
     """``table``'s store of ``partition`` among ``tasks`` (see :meth:`Assignment.read_store`)."""
-    owner, _ = app.tables[table.name]
+    owner, _ = app.tables[table.label]
     task = tasks.get((owner.topic.name, partition))
     if task is None:
         raise TableUnavailableError(
-            f"table {table.name!r} partition {partition} is not owned by this worker (yet)"
+            f"table {table.label!r} partition {partition} is not owned by this worker (yet)"
         )
-    tables = task.tables_for(table.name)
+    tables = task.tables_for(table.label)
     if tables is None or task.phase is not Phase.LIVE:
         raise TableUnavailableError(
-            f"table {table.name!r} partition {partition} is {task.phase.value} here"
+            f"table {table.label!r} partition {partition} is {task.phase.value} here"
         )
     return tables.store

@@ -10,7 +10,7 @@ pause, doubled per failure up to the cap.
 
 from __future__ import annotations
 
-from .delivery import Delivery
+from ..records import Delivery
 from .pace import doubled
 
 

@@ -23,24 +23,13 @@ before it is durable in the table.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from ..errors import StreamappError
-from ..sink import Message
+from ..errors import StoreBehindError, StoreCorruptError, StreamappError
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import BatchChanges
+from .interfaces import Committed, PartitionPort, Publish, TaskMetrics, Transaction
 from .lane import Lane
-from .metrics import TaskMetrics
-from .port import Committed, PartitionPort, Transaction
-
-Publish = Callable[[Sequence[Message]], Awaitable[object]]
-"""Publishes derived events and returns once the broker confirmed every one."""
-
-
-class StoreBehindError(StreamappError):
-    """A store write failed after its transaction committed: running the batch again
-    would send its derived events twice, so the partition stops until it is reopened
-    (its stores are then restored from the changelogs)."""
 
 
 class Commit:
@@ -108,6 +97,8 @@ class Commit:
                 lane.tables.write(batch, position)
                 if settle_at is not None:  # durable for this lane, whatever the next does
                     lane.committed = lane.next
+        except StoreCorruptError:
+            raise  # the task rebuilds the store from its changelog: this batch included
         except Exception as exc:
             if self.transaction is not None:  # committed: running it again sends twice
                 raise StoreBehindError(

@@ -24,9 +24,13 @@ topic over each delivery, in registration order; each agent is a :class:`Lane` t
 - **The retry chain** (``Retry``) settles a failed delivery for its lane without holding
   the partition beyond the inline retries: the lane tries it again after each interval
   (a wait that a stop ends at once, leaving the delivery unsettled), then puts a copy
-  for the retry or dead-letter topic (:mod:`streamapp.engine.chain`) in its outbox, so
+  for the retry or dead-letter topic (:mod:`streamapp.retry_chain`) in its outbox, so
   the copy commits with the batch. A copy that comes back names its agent; the other
   lanes, which settled the original, skip it.
+- **Blocking agents** (``blocking=True``) run their handler in the lane's own thread
+  (:mod:`streamapp.engine.blocking`): the batch awaits each call, so a partition stays in
+  order and one at a time while the loop runs the others. Before each handler call the
+  lane names the delivery in :data:`~streamapp.engine.stall.DOING` for the stall watch.
 - **Durable positions.** A lane with tables keeps its position in its checkpoint; the
   positions of lanes ahead of the settled one travel with it (Kafka: in the committed
   offset's metadata, in the same transaction), so a restart does not run a delivery
@@ -42,18 +46,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agent import DELIVERED, UNVERSIONED, Agent, Handled, handle
+from .. import retry_chain as chain
+from ..agent import DELIVERED, UNVERSIONED, Agent, Handled, Runner, handle
 from ..errors import DecodeError
 from ..events import Event
 from ..logs import Gate
 from ..outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
 from ..outputs import Encoder, Outbox, Send
+from ..records import Delivery
 from ..tables.partition import PartitionTables
-from . import chain
 from .attempts import Attempts
-from .delivery import Decoder, Delivery, Parker, decode_delivery
-from .metrics import NO_METRICS, TaskMetrics
+from .blocking import HandlerThread
+from .delivery import Decoder, Parker, decode_delivery
+from .interfaces import TaskMetrics
+from .metrics import NO_METRICS
 from .pace import pause
+from .phase import Phase
+from .stall import DOING
 
 log = logging.getLogger("streamapp.agent")
 
@@ -79,7 +88,7 @@ class Lane:
         self.send: Send | None = None
         if agent.sinks and encode is not None:
             self.outbox = Outbox()
-            self.send = Send(agent.name, agent.sinks, encode, self.outbox)
+            self.send = Send(agent.name, agent.sinks, encode, self.outbox, agent.events)
         if isinstance(agent.on_failure, Retry) and self.outbox is None:
             self.outbox = Outbox()  # the chain's copies commit with the batch
         self.stop = asyncio.Event()
@@ -89,6 +98,8 @@ class Lane:
         self.clock: Callable[[], float] = time.time
         """Seconds since the epoch: when a retry copy is due."""
         self.copies: dict[str, int] = {}
+        self.hops: dict[tuple[str, int], int] = {}
+        """Chain copies of the open batch by (kind, ``x-retry-hop``), counted at commit."""
         """Chain copies in the open batch, by kind (counted once committed)."""
         self.chain_totals: dict[str, int] = {}
         """Chain copies committed so far, by kind (``retried``, ``dead_lettered``)."""
@@ -103,12 +114,27 @@ class Lane:
         self.tracks = False
         """Live deliveries advance the checkpoint's store position (RabbitMQ)."""
         self.outcomes: dict[Outcome, int] = {}
+        self.replayed = 0
+        """Stored events this lane settled in replays (its catch-ups and builds)."""
+        self.building = False
+        """Catching up from its history on its own while the task's other lanes are live
+        (:mod:`streamapp.engine.build`): live runs skip it, the source settles without it."""
+        self._phase = Phase.RESTORING
         self.unversioned = 0
         """Events applied to its tables without ``streamversion`` (at least once)."""
+        self.thread = HandlerThread(f"agent {agent.name!r}") if agent.blocking else None
+        """Where a blocking agent's handler runs (``blocking=True``)."""
+        self.run: Runner | None = self.thread.run if self.thread is not None else None
 
     @property
     def name(self) -> str:
         return self.agent.name
+
+    @property
+    def phase(self) -> Phase:
+        """The lane's own phase: its task's, but ``catching_up`` while it builds beside
+        live lanes. Changed by the task alone (``transition_to``, ``transition_lane``)."""
+        return self._phase
 
     def configure(
         self, stop: asyncio.Event, *, waits: bool, clock: Callable[[], float], delayed: str
@@ -132,14 +158,24 @@ class Lane:
         if self.outbox is not None:
             self.outbox.drop()
         self.copies = {}
+        self.hops = {}
         self.next = self.committed
+
+    def release(self) -> None:
+        """The task closes its stores: a blocking handler's thread ends (after the call
+        in hand, if a stop gave up on it); a later call starts another."""
+        if self.thread is not None:
+            self.thread.abandon()
 
     def copies_committed(self, metrics: TaskMetrics) -> None:
         """The open batch committed: count its chain copies."""
         for kind, n in self.copies.items():
             self.chain_totals[kind] = self.chain_totals.get(kind, 0) + n
             metrics.chained(self.name, kind, n)
+        for (kind, hop), n in self.hops.items():
+            metrics.hop(self.name, kind, hop, n)
         self.copies = {}
+        self.hops = {}
 
 
 @dataclass(slots=True)
@@ -187,6 +223,25 @@ async def run_lanes(
     fallback applies once they are spent).
     """
     run = Run(list(starts))
+    chained = len(lanes) > 1 and any(isinstance(lane.agent.on_failure, Retry) for lane in lanes)
+    task = asyncio.current_task()
+    try:
+        return await _run(lanes, records, decode, budget_s, metrics, run, task, chained)
+    finally:
+        if task is not None:
+            DOING.pop(task, None)
+
+
+async def _run(
+    lanes: Sequence[Lane],
+    records: Sequence[Delivery],
+    decode: Decoder,
+    budget_s: float,
+    metrics: TaskMetrics,
+    run: Run,
+    task: asyncio.Task[Any] | None,
+    chained: bool,
+) -> Run:
     reached = run.reached
     now = time.monotonic()
     deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
@@ -194,7 +249,7 @@ async def run_lanes(
     delivered = [0] * len(lanes)  # the common cases, counted without hashing an enum
     unversioned = [0] * len(lanes)
     spent = [0.0] * len(lanes)
-    chained = len(lanes) > 1 and any(isinstance(lane.agent.on_failure, Retry) for lane in lanes)
+    doing: dict[Any, Any] = DOING if task is not None else {}
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
@@ -215,9 +270,10 @@ async def run_lanes(
                 continue
             if item is None:
                 item = decode_delivery(decode, record)
+            doing[task] = (lane.name, record, item)  # what the stall watch names
             started = time.perf_counter()
             handled = await handle(
-                lane.agent, item, lane.tables, lane.views, lane.outbox, lane.send
+                lane.agent, item, lane.tables, lane.views, lane.outbox, lane.send, lane.run
             )
             spent[k] += time.perf_counter() - started
             if handled is DELIVERED or handled is UNVERSIONED:
@@ -324,7 +380,9 @@ async def _chain(
             _log(agent, record, handled, "stopping: left unsettled", logging.INFO, trace=False)
             return False, handled
         first = handled.outcome
-        handled = await handle(agent, item, lane.tables, lane.views, lane.outbox, lane.send)
+        handled = await handle(
+            agent, item, lane.tables, lane.views, lane.outbox, lane.send, lane.run
+        )
         if handled.outcome.settles:  # the delivery's outcome is its last attempt's
             counts[first] -= 1
             counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
@@ -347,6 +405,8 @@ async def _chain(
     assert lane.outbox is not None
     lane.outbox.settle(copy)
     lane.copies[kind] = lane.copies.get(kind, 0) + 1
+    hop_key = (kind, chain.hop_of(copy.headers))
+    lane.hops[hop_key] = lane.hops.get(hop_key, 0) + 1
     _log(agent, record, handled, then, logging.WARNING)
     return True, handled
 

@@ -1,49 +1,18 @@
-"""What the partition task reports as it works: a small metrics port.
+"""Metrics that go nowhere: the null implementations of the engine's metrics ports.
 
-The task calls these after each batch, commit, park, redelivery, restore and replay;
-the worker passes in an implementation (Prometheus, :mod:`streamapp.web.metrics`), and
-everything else gets :data:`NO_METRICS`. The engine knows no metrics library.
+The protocols (:class:`~streamapp.engine.interfaces.TaskMetrics`,
+:class:`~streamapp.engine.interfaces.SinkMetrics`) are in
+:mod:`streamapp.engine.interfaces`; the worker passes in an implementation (Prometheus,
+:mod:`streamapp.web.metrics`), and everything else gets these. The engine knows no
+metrics library.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
 
 from ..outcomes import Outcome
-
-
-class TaskMetrics(Protocol):
-    """Counts and timings of partition tasks, labelled by agent."""
-
-    def batch(
-        self, agent: str, size: int, duration_s: float, outcomes: Mapping[Outcome, int]
-    ) -> None:
-        """A batch of ``size`` deliveries ran through ``agent`` (live or replayed)."""
-
-    def commit(self, agent: str, duration_s: float) -> None:
-        """A batch became durable (changelog, store) and was settled at the source."""
-
-    def parked(self, agent: str) -> None:
-        """A failed delivery was parked (the park was confirmed)."""
-
-    def redelivery(self, agent: str) -> None:
-        """A partition stopped at a failure and rewinds to deliver it again."""
-
-    def failed_attempts(self, agent: str, n: int) -> None:
-        """Attempts that failed (handler raised, or not decodable), inline retries included."""
-
-    def chained(self, agent: str, kind: str, n: int) -> None:
-        """Copies of the retry chain committed: ``retried`` or ``dead_lettered``."""
-
-    def restored(self, agent: str, records: int) -> None:
-        """Changelog records restored into a partition's store."""
-
-    def replayed(self, agent: str, records: int) -> None:
-        """Event-store events replayed into a partition's tables (catch-up)."""
-
-    def unversioned(self, agent: str, records: int) -> None:
-        """Events applied without ``streamversion`` (no duplicate check: at-least-once)."""
+from .interfaces import SinkMetrics, TaskMetrics
 
 
 class _NoMetrics:
@@ -67,6 +36,9 @@ class _NoMetrics:
     def chained(self, agent: str, kind: str, n: int) -> None:
         pass
 
+    def hop(self, agent: str, kind: str, hop: int, n: int) -> None:
+        pass
+
     def restored(self, agent: str, records: int) -> None:
         pass
 
@@ -79,3 +51,12 @@ class _NoMetrics:
 
 NO_METRICS: TaskMetrics = _NoMetrics()
 """Metrics that go nowhere (the in-memory broker, tests)."""
+
+
+class _NoSinkMetrics:
+    def publish_failed(self, sink: str, destination: str, outcome: str, n: int = 1) -> None:
+        pass
+
+
+NO_SINK_METRICS: SinkMetrics = _NoSinkMetrics()
+"""Sink metrics that go nowhere (command-line tools, tests)."""

@@ -8,28 +8,17 @@ leaves the delivery unsettled, so it is redelivered instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Protocol
 
 from ..agent import Agent
 from ..outcomes import parking
-from .delivery import Delivery, Parker, park_headers
+from ..records import Delivery
+from .delivery import Parker, park_headers
+from .interfaces import Sink
 
 log = logging.getLogger("streamapp.partition")
 
 
-class Publisher(Protocol):
-    async def publish(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
-    ) -> None: ...
-
-
-def parker(sink: Publisher | None, agent: Agent, name: str) -> Parker:
+def parker(sink: Sink | None, agent: Agent, name: str) -> Parker:
     """The Parker of ``agent``'s partition ``name``: confirmed publishes through ``sink``."""
 
     async def park(delivery: Delivery, reason: str) -> bool:

@@ -6,7 +6,8 @@ one global order. SQLite (one file) is the embedded default; PostgreSQL the shar
 
 from __future__ import annotations
 
-from ..errors import ConcurrencyError, InvalidEventError
+from ..errors import ConcurrencyError, DuplicateEventError, InvalidEventError
+from ..storeurl import StoreUrl, parse_url
 from .base import (
     Append,
     AppendResult,
@@ -14,11 +15,10 @@ from .base import (
     EventStore,
     EventStoreBackend,
     ForwarderState,
+    OnDuplicate,
     ParkedRecord,
     StoredEvent,
     StoredRow,
-    StoreUrl,
-    parse_url,
 )
 
 
@@ -42,10 +42,12 @@ __all__ = [
     "AppendResult",
     "BatchResult",
     "ConcurrencyError",
+    "DuplicateEventError",
     "EventStore",
     "EventStoreBackend",
     "ForwarderState",
     "InvalidEventError",
+    "OnDuplicate",
     "ParkedRecord",
     "StoreUrl",
     "StoredEvent",

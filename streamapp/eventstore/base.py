@@ -1,6 +1,6 @@
 """The event store interface: CloudEvents appended per stream, read in one global order.
 
-Every store keeps each event as its structured JSON (:func:`streamapp.structured.to_json`)
+Every store keeps each event as its structured JSON (:func:`streamapp.codecs.structured.to_json`)
 with the ``streamid`` and ``streamversion`` extensions set, so a stored payload is a
 complete CloudEvent on its own. Appends check an expected stream version (optimistic
 concurrency); :func:`plan_append` holds that rule once for every backend.
@@ -10,20 +10,27 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from ..errors import ConcurrencyError, ConfigError, InvalidEventError
+from ..codecs.structured import from_stored, to_json
+from ..errors import ConcurrencyError, ConfigError, DuplicateEventError, InvalidEventError
 from ..events import Event
-from ..structured import from_stored, to_json
 
-SETTING = "event_store (STREAMAPP_EVENT_STORE)"
+log = logging.getLogger("streamapp.eventstore")
+
+OnDuplicate = Literal["skip", "fail"]
+"""What an append does with an event whose (``source``, ``id``) the store already holds
+(CloudEvents: that pair identifies an event): ``skip`` leaves it out and counts it in
+:attr:`BatchResult.skipped`; ``fail`` stops with a DuplicateEventError."""
+ON_DUPLICATE: tuple[OnDuplicate, ...] = ("skip", "fail")
 
 
 class StoredEvent(NamedTuple):
@@ -79,6 +86,10 @@ class BatchResult:
 
     results: list[AppendResult]
     error: ConcurrencyError | InvalidEventError | None = None
+    skipped: int = 0
+    """Events left out because their (``source``, ``id``) was already stored, or earlier in
+    the batch (``on_duplicate="skip"``). An append left with no event returns the stream's
+    version and its last duplicate's position, without a version check."""
 
     def one(self) -> AppendResult:
         """The result of a batch of one append, or its error raised."""
@@ -128,12 +139,20 @@ class EventStore(Protocol):
     url: str
 
     async def append(
-        self, stream_id: str, events: Sequence[Event], expected_version: int | None = None
+        self,
+        stream_id: str,
+        events: Sequence[Event],
+        expected_version: int | None = None,
+        *,
+        on_duplicate: OnDuplicate = "skip",
     ) -> AppendResult:
         """Append ``events`` to a stream atomically.
 
         ``expected_version`` None: no check; 0: the stream must not exist yet; n: the
         stream must be at version n. Raises ConcurrencyError (nothing appended) otherwise.
+        Events whose (``source``, ``id``) is already stored are skipped (the check then
+        applies to the events left), or with ``on_duplicate="fail"`` raise
+        DuplicateEventError (nothing appended).
         """
         ...
 
@@ -156,7 +175,10 @@ class ForwarderState(Protocol):
     """The forwarder's lock and checkpoint, kept in the store's own database."""
 
     def lock(self) -> AbstractAsyncContextManager[None]:
-        """Held while this forwarder publishes; entering waits while another holds it."""
+        """Held while this forwarder publishes; entering waits while another holds it.
+
+        A lock that lives on a database session (PostgreSQL) is lost with the session:
+        the body is then cancelled at once and the context raises LockLostError."""
         ...
 
     async def load(self) -> int:
@@ -177,12 +199,21 @@ class EventStoreBackend(EventStore, Protocol):
     """How many times read_all or read_rows was called (restarts must not re-read the
     store)."""
 
+    async def store_id(self) -> str:
+        """The store's identity: a random id made with its schema and kept in its
+        database (``streamapp_store``), so a store deleted and made again at the same URL
+        is another store. Checkpoints record it (:mod:`streamapp.engine.provenance`)."""
+        ...
+
     async def read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
         """What :meth:`read_all` returns, as :data:`StoredRow` tuples (the replay's read)."""
         ...
 
-    async def append_many(self, appends: Sequence[Append]) -> BatchResult:
-        """Appends in order in one transaction, stopping at the first one that fails."""
+    async def append_many(
+        self, appends: Sequence[Append], *, on_duplicate: OnDuplicate = "skip"
+    ) -> BatchResult:
+        """Appends in order in one transaction, stopping at the first one that fails (with
+        ``on_duplicate="fail"``, the first holding an already stored event)."""
         ...
 
     def forwarder_state(self, name: str) -> ForwarderState: ...
@@ -212,33 +243,25 @@ class EventStoreBackend(EventStore, Protocol):
         """Every record parked to ``destination``, in park order."""
         ...
 
+    async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:
+        """``app_id``'s ledger (``streamapp_ledger``: :mod:`streamapp.retirement`)."""
+        ...
 
-@dataclass(frozen=True, slots=True)
-class StoreUrl:
-    """A parsed ``event_store`` URL: a SQLite file (absolute path) or a PostgreSQL DSN."""
-
-    kind: str
-    """``sqlite`` or ``postgresql``."""
-    path: Path | None = None
-    dsn: str = ""
+    async def put_ledger_record(self, app_id: str, key: str, value: bytes) -> None:
+        """Write (or replace) one ledger record; committed when this returns."""
+        ...
 
 
-def parse_url(url: str) -> StoreUrl:
-    """``sqlite:///relative.db`` (from the working directory), ``sqlite:////abs.db`` or
-    ``postgresql://...``; anything else is a ConfigError naming the setting."""
-    if url.startswith(("postgresql://", "postgres://")):
-        return StoreUrl("postgresql", dsn=url)
-    if url.startswith("sqlite:///"):
-        raw = url.removeprefix("sqlite:///")
-        if raw and "?" not in raw and not raw.endswith("/") and raw != ":memory:":
-            return StoreUrl("sqlite", path=Path.cwd() / raw if raw[0] != "/" else Path(raw))
-        why = "give a file path after sqlite:/// (no query string, no :memory:)"
-    else:
-        why = (
-            "give sqlite:///relative/path.db, sqlite:////absolute/path.db or "
-            "postgresql://user@host/db"
-        )
-    raise ConfigError(f"setting {SETTING} = {url!r}: {why}")
+def display_url(url: str) -> str:
+    """``url`` as messages show it: a PostgreSQL password is left out."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    port = f":{parts.port}" if parts.port else ""
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))
 
 
 LIVE_OFFSET_SQL = (
@@ -267,8 +290,32 @@ def worker_locked(app_id: str, url: str, holder: str) -> ConfigError:
     )
 
 
-Row = tuple[str, int, bytes]
-"""``(stream_id, version, payload)`` of one event to insert."""
+Row = tuple[str, int, bytes, str, str]
+"""``(stream_id, version, payload, source, event_id)`` of one event to insert."""
+EventKey = tuple[str, str]
+"""``(source, id)``: what identifies a CloudEvent; the store keeps one of each."""
+
+DUPLICATES_NOTE = (
+    "these rows stay (the store never deletes); appends skip or refuse those ids from now on"
+)
+STORED_TWICE_SQL = (
+    "SELECT count(*) FROM (SELECT 1 FROM streamapp_events GROUP BY source, event_id "
+    "HAVING count(*) > 1) AS twice"
+)
+"""SQL counting the ``(source, id)`` keys stored more than once (both backends)."""
+
+
+def log_indexed(url: str, twice: int) -> None:
+    """Say that a store made before duplicate checks was indexed, and how many of its
+    events were stored more than once already (they stay)."""
+    log.info("event store %s: events indexed by (source, id) for duplicate checks", url)
+    if twice:
+        log.warning(
+            "event store %s: %d events (source, id) were already stored more than once; %s",
+            url,
+            twice,
+            DUPLICATES_NOTE,
+        )
 
 
 def plan_append(
@@ -283,7 +330,7 @@ def plan_append(
     already carries, does not fit ``actual``; InvalidEventError when an event's
     ``streamid`` names another stream.
     """
-    expected, carried_by = expected_version, ""
+    expected, carried_by, fix = expected_version, "", ""
     for i, event in enumerate(events):
         carried = event.extensions.get("streamid")
         if carried is not None and carried != stream_id:
@@ -302,44 +349,86 @@ def plan_append(
                 actual,
                 f"event {event.id} carries streamversion {version}, but it would be "
                 f"version {expected + 1 + i}",
+                _carried_fix(event.id, actual + 1 + i, expected_version, actual),
             )
         if expected is None:
             carried_by = f"event {event.id} carries streamversion {version}"
+            fix = _carried_fix(event.id, actual + 1 + i, expected_version, actual)
         expected = implied
     if expected is not None and expected != actual:
-        raise ConcurrencyError(stream_id, expected, actual, carried_by)
+        raise ConcurrencyError(stream_id, expected, actual, carried_by, fix)
     rows: list[Row] = []
     for i, event in enumerate(events, start=actual + 1):
         ext = dict(event.extensions)
         ext["streamid"] = stream_id
         ext["streamversion"] = str(i)
-        rows.append((stream_id, i, to_json(dataclasses.replace(event, extensions=ext))))
+        payload = to_json(dataclasses.replace(event, extensions=ext))
+        rows.append((stream_id, i, payload, event.source, event.id))
     return rows
 
 
-def plan_batch(
-    appends: Sequence[Append], versions: dict[str, int]
-) -> tuple[list[tuple[list[Row], int]], ConcurrencyError | InvalidEventError | None]:
-    """Each append's rows and new stream version, in order, up to the first that fails.
+def _carried_fix(event_id: str, version: int, expected_version: int | None, actual: int) -> str:
+    """What to write when an event's own ``streamversion`` conflicts: the value it needs
+    (the event's version, not the expected version, which is one less)."""
+    fix = (
+        f"give event {event_id} streamversion {version} (or leave streamversion out: it "
+        "gets the stream's next version)"
+    )
+    if expected_version is not None and expected_version != actual:
+        fix += f", and append with expected version {actual}"
+    return fix
 
-    ``versions`` holds each stream's actual version (absent: 0) and is advanced.
+
+def event_keys(appends: Sequence[Append]) -> list[EventKey]:
+    """The distinct (``source``, ``id``) of a batch's events, to look up in the store."""
+    return list(dict.fromkeys((e.source, e.id) for a in appends for e in a.events))
+
+
+def plan_batch(
+    appends: Sequence[Append],
+    versions: dict[str, int],
+    known: dict[EventKey, int],
+    head: int,
+    on_duplicate: OnDuplicate,
+) -> tuple[list[Row], BatchResult]:
+    """The rows to insert after position ``head``, and the batch's result, in order up to
+    the first append that fails.
+
+    ``versions`` holds each stream's actual version (absent: 0); ``known`` the position of
+    each event key of the batch already stored. Both are advanced.
     """
-    planned: list[tuple[list[Row], int]] = []
+    rows: list[Row] = []
+    results: list[AppendResult] = []
+    skipped = 0
     for item in appends:
         actual = versions.get(item.stream_id, 0)
+        fresh: list[Event] = []
+        keys: set[EventKey] = set()
+        last_duplicate = 0
+        for event in item.events:
+            key = (event.source, event.id)
+            if key in known or key in keys:
+                if on_duplicate == "fail":
+                    error = DuplicateEventError(
+                        event.source, event.id, item.stream_id, known.get(key)
+                    )
+                    return rows, BatchResult(results, error, skipped)
+                skipped += 1
+                last_duplicate = known.get(key, last_duplicate)
+                continue
+            keys.add(key)
+            fresh.append(event)
+        if not fresh:
+            results.append(AppendResult(last_duplicate, actual))
+            continue
         try:
-            rows = plan_append(item.stream_id, item.events, item.expected_version, actual)
+            planned = plan_append(item.stream_id, fresh, item.expected_version, actual)
         except (ConcurrencyError, InvalidEventError) as exc:
-            return planned, exc
-        versions[item.stream_id] = actual + len(rows)
-        planned.append((rows, actual + len(rows)))
-    return planned, None
-
-
-def results_of(planned: list[tuple[list[Row], int]], head: int) -> list[AppendResult]:
-    """The AppendResult of each planned append, inserted after position ``head``."""
-    out = []
-    for rows, version in planned:
-        head += len(rows)
-        out.append(AppendResult(head, version))
-    return out
+            return rows, BatchResult(results, exc, skipped)
+        for event in fresh:
+            head += 1
+            known[(event.source, event.id)] = head
+        rows.extend(planned)
+        versions[item.stream_id] = actual + len(planned)
+        results.append(AppendResult(head, actual + len(planned)))
+    return rows, BatchResult(results, None, skipped)

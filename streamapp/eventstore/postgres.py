@@ -12,38 +12,51 @@ position, so positions are dense too. The price is that appends are serialised (
 holds the lock for a few round trips); batch them (:meth:`append_many`) for throughput.
 
 The lock keys hash the schema name, so stores in different schemas of one database do not
-contend. One store object holds one connection and runs one call at a time; open more
-store objects for parallel appends. The forwarder lock is a session advisory lock on a
-connection of its own: PostgreSQL drops it when that session ends, even by ``kill -9``.
+contend. One store object holds one session (:class:`~.pgconn.Session`) and runs one
+call at a time; open more store objects for parallel appends.
+
+Restarts. Every call goes through the session, which reconnects after a lost connection
+and runs the call again (for up to ``wait_s``). Reads and the checkpoint load are safe to
+run again. An append whose connection died during its COMMIT may or may not have
+committed: before trying again, :meth:`PostgresEventStore.append_many` looks for the
+first row it sent (stream, version and payload) and, found, returns what that commit
+did instead of appending a second time. Without that look, a retried append with
+``expected_version=None`` would land twice, and one with a version would report a
+conflict for an append that succeeded.
+
+The forwarder and worker locks (session advisory locks on connections of their own)
+are in :mod:`.pglocks`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
 from ..errors import ConfigError
 from ..events import Event
+from ..storeurl import SETTING
 from .base import (
     LIVE_OFFSET_SQL,
-    SETTING,
+    STORED_TWICE_SQL,
     Append,
     AppendResult,
     BatchResult,
+    EventKey,
+    OnDuplicate,
     ParkedRecord,
     StoredEvent,
     StoredRow,
     decode_headers,
     encode_headers,
+    event_keys,
+    log_indexed,
     plan_batch,
-    results_of,
-    worker_locked,
 )
 
 try:
@@ -54,6 +67,15 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "install it with pip install 'streamapp[postgres]'"
     ) from exc
 
+from .pgconn import Connection, Session, redacted  # after the check that psycopg is installed
+from .pglocks import (
+    APPEND_KEY,
+    LOCK,
+    SCHEMA_KEY,
+    PostgresForwarderState,
+    PostgresWorkerLock,
+)
+
 log = logging.getLogger(__name__)
 
 SCHEMA = [
@@ -62,6 +84,8 @@ SCHEMA = [
         stream_id TEXT NOT NULL,
         version INTEGER NOT NULL,
         payload BYTEA NOT NULL,
+        source TEXT,
+        event_id TEXT,
         UNIQUE (stream_id, version))""",
     """CREATE TABLE IF NOT EXISTS streamapp_forwarder_checkpoints (
         name TEXT PRIMARY KEY,
@@ -83,11 +107,26 @@ SCHEMA = [
         parked_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     """CREATE INDEX IF NOT EXISTS streamapp_parked_destination
         ON streamapp_parked (destination, id)""",
+    """CREATE TABLE IF NOT EXISTS streamapp_ledger (
+        app_id TEXT NOT NULL, key TEXT NOT NULL, value BYTEA, PRIMARY KEY (app_id, key))""",
+    """CREATE TABLE IF NOT EXISTS streamapp_store (
+        one INTEGER PRIMARY KEY CHECK (one = 1),
+        id TEXT NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    """INSERT INTO streamapp_store (one, id) VALUES (1, gen_random_uuid()::text)
+        ON CONFLICT (one) DO NOTHING""",
 ]
+"""``streamapp_store`` holds the store's identity (one row, a random id made with the
+schema, or at the first open by a streamapp that has it; ``gen_random_uuid`` needs
+PostgreSQL 13 or later). ``source`` and ``event_id`` (the CloudEvent's, indexed by
+:data:`EVENT_KEY_INDEX`) let appends skip events already stored; a store made before them
+gets them at its first open (:func:`_add_event_keys`)."""
+EVENT_KEY_INDEX = (
+    "CREATE INDEX IF NOT EXISTS streamapp_events_source_id ON streamapp_events (source, event_id)"
+)
 # Advisory lock keys (int4, int4): the schema's hash and one of these.
-SCHEMA_KEY, APPEND_KEY, FORWARDER_KEY, WORKER_KEY = 7401, 7402, 7403, 7404
-_LOCK = "hashtext(current_schema()), %s"
 _COLUMNS = "position, stream_id, version, payload"
+_INSERTED = _COLUMNS + ", source, event_id"
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -99,28 +138,37 @@ class PostgresEventStore:
     inserts, before the commit: a test stretches transactions with it to make them overlap.
     """
 
-    def __init__(
-        self, url: str, conn: psycopg.AsyncConnection[Any], before_commit: Hook | None = None
-    ) -> None:
+    def __init__(self, url: str, session: Session, before_commit: Hook | None = None) -> None:
         self.url = url
         self.reads = 0
         self.before_commit = before_commit
-        self._conn = conn
-        self._lock = asyncio.Lock()
+        self.session = session
 
     @classmethod
-    async def open(cls, url: str, *, before_commit: Hook | None = None) -> PostgresEventStore:
-        """Connect to ``url`` and create the schema if missing (safe to race)."""
-        conn = await _connect(url, "streamapp-eventstore")
-        try:
+    async def open(
+        cls, url: str, *, before_commit: Hook | None = None, wait_s: float | None = None
+    ) -> PostgresEventStore:
+        """Connect to ``url`` and create the schema if missing (safe to race).
+
+        ``wait_s``: how long a call waits for a lost server to come back (default 60 s).
+        """
+        kwargs = {} if wait_s is None else {"wait_s": wait_s}
+        session = await Session.open(url, "streamapp-eventstore", **kwargs)
+
+        async def create(conn: Connection) -> None:
             async with conn.transaction():
-                await conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK})", (SCHEMA_KEY,))
+                await conn.execute(f"SELECT pg_advisory_xact_lock({LOCK})", (SCHEMA_KEY,))
                 for statement in SCHEMA:
                     await conn.execute(statement)
+                await _add_event_keys(conn, redacted(url))
+                await conn.execute(EVENT_KEY_INDEX)
+
+        try:
+            await session.run(create, "creating the schema")
         except BaseException:
-            await conn.close()
+            await session.close()
             raise
-        return cls(url, conn, before_commit)
+        return cls(url, session, before_commit)
 
     async def __aenter__(self) -> PostgresEventStore:
         return self
@@ -129,36 +177,58 @@ class PostgresEventStore:
         await self.close()
 
     async def append(
-        self, stream_id: str, events: Sequence[Event], expected_version: int | None = None
+        self,
+        stream_id: str,
+        events: Sequence[Event],
+        expected_version: int | None = None,
+        *,
+        on_duplicate: OnDuplicate = "skip",
     ) -> AppendResult:
-        return (await self.append_many([Append(stream_id, events, expected_version)])).one()
+        appends = [Append(stream_id, events, expected_version)]
+        return (await self.append_many(appends, on_duplicate=on_duplicate)).one()
 
-    async def append_many(self, appends: Sequence[Append]) -> BatchResult:
-        async with self._lock, self._conn.transaction(), self._conn.cursor() as cur:
-            await cur.execute(f"SELECT pg_advisory_xact_lock({_LOCK})", (APPEND_KEY,))
-            await cur.execute(
-                "SELECT stream_id, max(version) FROM streamapp_events "
-                "WHERE stream_id = ANY(%s) GROUP BY stream_id",
-                (list({a.stream_id for a in appends}),),
-            )
-            versions: dict[str, int] = dict(await cur.fetchall())
-            planned, error = plan_batch(appends, versions)
-            await cur.execute("SELECT coalesce(max(position), 0) FROM streamapp_events")
-            row = await cur.fetchone()
-            head = int(row[0]) if row else 0
-            rows = [
-                (head + i, sid, version, payload)
-                for i, (sid, version, payload) in enumerate(
-                    (r for rs, _ in planned for r in rs), start=1
+    async def append_many(
+        self, appends: Sequence[Append], *, on_duplicate: OnDuplicate = "skip"
+    ) -> BatchResult:
+        sent: list[_Sent] = []  # the attempt whose COMMIT was sent, outcome unknown
+        keys = event_keys(appends)
+
+        async def attempt(conn: Connection) -> BatchResult:
+            if sent:
+                landed = await _landed(conn, sent.pop())
+                if landed is not None:
+                    log.warning(
+                        "PostgreSQL event store %s: an append's COMMIT was cut off but had "
+                        "committed; not appended again",
+                        redacted(self.url),
+                    )
+                    return landed
+            async with conn.transaction(), conn.cursor() as cur:
+                await cur.execute(f"SELECT pg_advisory_xact_lock({LOCK})", (APPEND_KEY,))
+                await cur.execute(
+                    "SELECT stream_id, max(version) FROM streamapp_events "
+                    "WHERE stream_id = ANY(%s) GROUP BY stream_id",
+                    (list({a.stream_id for a in appends}),),
                 )
-            ]
-            if rows:
-                async with cur.copy(f"COPY streamapp_events ({_COLUMNS}) FROM STDIN") as copy:
-                    for item in rows:
-                        await copy.write_row(item)
-            if self.before_commit is not None:
-                await self.before_commit()
-        return BatchResult(results_of(planned, head), error)
+                versions: dict[str, int] = dict(await cur.fetchall())
+                known = await _known(cur, keys)
+                await cur.execute("SELECT coalesce(max(position), 0) FROM streamapp_events")
+                row = await cur.fetchone()
+                head = int(row[0]) if row else 0
+                planned, result = plan_batch(appends, versions, known, head, on_duplicate)
+                rows = [(head + i, *r) for i, r in enumerate(planned, start=1)]
+                if rows:
+                    async with cur.copy(f"COPY streamapp_events ({_INSERTED}) FROM STDIN") as copy:
+                        for item in rows:
+                            await copy.write_row(item)
+                if self.before_commit is not None:
+                    await self.before_commit()
+                if rows:  # leaving the block sends COMMIT
+                    sent.append(_Sent(rows[0][1], rows[0][2], rows[0][3], result))
+            sent.clear()
+            return result
+
+        return await self.session.run(attempt, "an append")
 
     async def read_all(self, from_position: int, limit: int) -> list[StoredEvent]:
         self.reads += 1
@@ -170,15 +240,18 @@ class PostgresEventStore:
 
     async def read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
         self.reads += 1
-        async with self._lock:
-            cur = await self._conn.execute(
+
+        async def read(conn: Connection) -> list[StoredRow]:
+            cur = await conn.execute(
                 "SELECT position, stream_id, payload FROM streamapp_events "
                 "WHERE position >= %s ORDER BY position LIMIT %s",
                 (from_position, limit),
                 binary=True,
             )
             rows: list[StoredRow] = await cur.fetchall()
-        return rows
+            return rows
+
+        return await self.session.run(read, "a read")
 
     async def read_stream(self, stream_id: str) -> list[StoredEvent]:
         return await self._select(
@@ -187,43 +260,42 @@ class PostgresEventStore:
         )
 
     async def head(self) -> int:
-        async with self._lock:
-            cur = await self._conn.execute(
-                "SELECT coalesce(max(position), 0) FROM streamapp_events"
-            )
+        async def head(conn: Connection) -> int:
+            cur = await conn.execute("SELECT coalesce(max(position), 0) FROM streamapp_events")
             row = await cur.fetchone()
-        return int(row[0]) if row else 0
+            return int(row[0]) if row else 0
+
+        return await self.session.run(head, "reading the head")
+
+    async def store_id(self) -> str:
+        async def store_id(conn: Connection) -> str:
+            cur = await conn.execute("SELECT id FROM streamapp_store")
+            row = await cur.fetchone()
+            assert row is not None  # made with the schema at open
+            return str(row[0])
+
+        return await self.session.run(store_id, "reading the store's identity")
 
     async def close(self) -> None:
-        async with self._lock:
-            await self._conn.close()
+        await self.session.close()
 
     async def live_offset(self, topic: str, partition: int, position: int) -> int | None:
         """The first offset of ``topic[partition]`` that may carry a position >= ``position``
         (see :func:`streamapp.eventstore.base.LIVE_OFFSET_SQL`); None: no mark yet."""
-        async with self._lock:
-            cur = await self._conn.execute(
+
+        async def offset(conn: Connection) -> int | None:
+            cur = await conn.execute(
                 LIVE_OFFSET_SQL.replace("?", "%s"), (topic, partition, position)
             )
             row = await cur.fetchone()
-        return None if row is None or row[0] is None else int(row[0]) + 1
+            return None if row is None or row[0] is None else int(row[0]) + 1
 
-    @contextlib.asynccontextmanager
-    async def worker_lock(self, app_id: str) -> AsyncIterator[None]:
+        return await self.session.run(offset, "reading the forwarder marks")
+
+    def worker_lock(self, app_id: str) -> PostgresWorkerLock:
         """Held for a store-only worker's life; a second worker of the app is refused."""
         me = f"streamapp-worker {app_id} pid {os.getpid()} on {socket.gethostname()}"
-        conn = await _connect(self.url, me[:63])
-        try:
-            cur = await conn.execute(
-                "SELECT pg_try_advisory_lock(hashtext(current_schema() || %s), %s)",
-                (app_id, WORKER_KEY),
-            )
-            row = await cur.fetchone()
-            if not (row and row[0]):
-                raise worker_locked(app_id, self.url, "another session")
-            yield
-        finally:
-            await conn.close()  # ends the session: releases the lock
+        return PostgresWorkerLock(self.url, me[:63], app_id)
 
     async def park(
         self,
@@ -233,21 +305,48 @@ class PostgresEventStore:
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
-        async with self._lock:  # autocommit: the INSERT is committed when it returns
-            await self._conn.execute(
+        async def park(conn: Connection) -> None:  # autocommit: committed when it returns
+            await conn.execute(
                 "INSERT INTO streamapp_parked (destination, key, value, headers) "
                 "VALUES (%s, %s, %s, %s)",
                 (destination, key, value, encode_headers(headers)),
             )
 
+        # Run again after a lost connection: a park is at-least-once (a copy, like a
+        # publish whose confirm was lost), never dropped.
+        await self.session.run(park, "a park")
+
+    async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:
+        async def read(conn: Connection) -> list[Any]:
+            cur = await conn.execute(
+                "SELECT key, value FROM streamapp_ledger WHERE app_id = %s ORDER BY key",
+                (app_id,),
+            )
+            return await cur.fetchall()
+
+        rows = await self.session.run(read, "reading the ledger")
+        return [(str(k), None if v is None else bytes(v)) for k, v in rows]
+
+    async def put_ledger_record(self, app_id: str, key: str, value: bytes) -> None:
+        async def put(conn: Connection) -> None:  # autocommit: committed when it returns
+            await conn.execute(
+                "INSERT INTO streamapp_ledger (app_id, key, value) VALUES (%s, %s, %s) "
+                "ON CONFLICT (app_id, key) DO UPDATE SET value = EXCLUDED.value",
+                (app_id, key, value),
+            )
+
+        await self.session.run(put, "writing the ledger")
+
     async def parked(self, destination: str) -> list[ParkedRecord]:
-        async with self._lock:
-            cur = await self._conn.execute(
+        async def parked(conn: Connection) -> list[Any]:
+            cur = await conn.execute(
                 "SELECT id, destination, key, value, headers, parked_at FROM streamapp_parked "
                 "WHERE destination = %s ORDER BY id",
                 (destination,),
             )
-            rows = await cur.fetchall()
+            return await cur.fetchall()
+
+        rows = await self.session.run(parked, "reading parked records")
         return [
             ParkedRecord(
                 i,
@@ -262,98 +361,73 @@ class PostgresEventStore:
 
     def forwarder_state(self, name: str) -> PostgresForwarderState:
         """The lock (a session advisory lock) and checkpoint of forwarder ``name``."""
-        return PostgresForwarderState(self, name)
+        return PostgresForwarderState(self.session, self.url, name)
 
     async def _select(self, query: str, params: tuple[Any, ...]) -> list[StoredEvent]:
-        async with self._lock:
-            cur = await self._conn.execute(query, params, binary=True)
-            rows = await cur.fetchall()
+        async def select(conn: Connection) -> list[Any]:
+            cur = await conn.execute(query, params, binary=True)
+            return await cur.fetchall()
+
+        rows = await self.session.run(select, "a read")
         return [StoredEvent(p, s, v, bytes(b)) for p, s, v, b in rows]
 
 
-class PostgresForwarderState:
-    """A forwarder's checkpoint in the store's database, its lock a session advisory lock.
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """An append transaction whose COMMIT was sent: its first row, and its result (planned
+    under the append lock from the head and keys that transaction read: exact if it
+    committed, skipped counts included; a blind retry would count its own rows as
+    duplicates)."""
 
-    Checkpoints are written through the lock's own session: had that session been lost
-    (and the lock with it), the write fails instead of racing the forwarder that took over.
-    """
-
-    def __init__(self, store: PostgresEventStore, name: str, *, poll_s: float = 0.5) -> None:
-        self.store = store
-        self.name = name
-        self.poll_s = poll_s
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-
-    @contextlib.asynccontextmanager
-    async def lock(self) -> AsyncIterator[None]:
-        me = f"streamapp-forwarder {self.name} pid {os.getpid()} on {socket.gethostname()}"
-        conn = await _connect(self.store.url, me[:63])
-        try:
-            waited = False
-            while True:
-                cur = await conn.execute(f"SELECT pg_try_advisory_lock({_LOCK})", (FORWARDER_KEY,))
-                row = await cur.fetchone()
-                if row and row[0]:
-                    break
-                if not waited:
-                    log.info(
-                        "forwarder %s waits: the forwarder lock is held by %s",
-                        self.name,
-                        await _holder(conn),
-                    )
-                    waited = True
-                await asyncio.sleep(self.poll_s)
-            log.info("forwarder %s holds the forwarder lock", self.name)
-            self._conn = conn
-            yield
-        finally:
-            self._conn = None
-            await conn.close()  # ends the session: releases the lock
-
-    async def load(self) -> int:
-        async with self.store._lock:
-            cur = await self.store._conn.execute(
-                "SELECT next_position FROM streamapp_forwarder_checkpoints WHERE name = %s",
-                (self.name,),
-            )
-            row = await cur.fetchone()
-        return 1 if row is None else int(row[0])
-
-    async def save(self, next_position: int, offsets: Sequence[tuple[str, int, int, int]]) -> None:
-        conn = self._conn
-        if conn is None:
-            raise RuntimeError("save() needs the forwarder lock: call it inside lock()")
-        async with conn.transaction(), conn.cursor() as cur:
-            await cur.execute(
-                "INSERT INTO streamapp_forwarder_checkpoints (name, next_position) "
-                "VALUES (%s, %s) ON CONFLICT (name) DO UPDATE "
-                "SET next_position = excluded.next_position, updated_at = now()",
-                (self.name, next_position),
-            )
-            await cur.executemany(
-                "INSERT INTO streamapp_forwarder_marks VALUES (%s, %s, %s, %s, %s) "
-                "ON CONFLICT DO NOTHING",
-                [(self.name, *row) for row in offsets],
-            )
+    stream_id: str
+    version: int
+    payload: bytes
+    result: BatchResult
 
 
-async def _connect(url: str, application_name: str) -> psycopg.AsyncConnection[Any]:
-    try:
-        return await psycopg.AsyncConnection.connect(
-            url, autocommit=True, application_name=application_name, connect_timeout=10
-        )
-    except psycopg.Error as exc:
-        raise ConfigError(
-            f"setting {SETTING}: cannot connect to the PostgreSQL store: {exc}".strip()
-        ) from exc
+async def _known(cur: psycopg.AsyncCursor[Any], keys: list[EventKey]) -> dict[EventKey, int]:
+    """The stored position of each of ``keys`` that the store holds (the first copy)."""
+    if not keys:
+        return {}
+    await cur.execute(
+        "SELECT e.source, e.event_id, min(e.position) FROM unnest(%s::text[], %s::text[]) "
+        "AS k(source, event_id) JOIN streamapp_events AS e "
+        "ON e.source = k.source AND e.event_id = k.event_id GROUP BY e.source, e.event_id",
+        ([k[0] for k in keys], [k[1] for k in keys]),
+    )
+    return {(s, i): int(p) for s, i, p in await cur.fetchall()}
 
 
-async def _holder(conn: psycopg.AsyncConnection[Any]) -> str:
+async def _add_event_keys(conn: Connection, url: str) -> None:
+    """Give a store made before event keys its ``source`` and ``event_id`` columns, filled
+    from the stored payloads (once, inside the schema's transaction), and say how many
+    events were already stored twice."""
     cur = await conn.execute(
-        "SELECT a.application_name, a.client_addr FROM pg_locks l "
-        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
-        "AND l.granted AND l.objsubid = 2 AND l.objid = %s AND a.pid <> pg_backend_pid()",
-        (FORWARDER_KEY,),
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND table_name = 'streamapp_events' AND column_name = 'event_id'"
+    )
+    if await cur.fetchone() is not None:
+        return
+    await conn.execute(
+        "ALTER TABLE streamapp_events ADD COLUMN source TEXT, ADD COLUMN event_id TEXT"
+    )
+    await conn.execute(
+        "UPDATE streamapp_events SET source = convert_from(payload, 'UTF8')::json ->> 'source', "
+        "event_id = convert_from(payload, 'UTF8')::json ->> 'id'"
+    )
+    await conn.execute(EVENT_KEY_INDEX)
+    cur = await conn.execute(STORED_TWICE_SQL)
+    row = await cur.fetchone()
+    log_indexed(url, int(row[0]) if row else 0)
+
+
+async def _landed(conn: Connection, sent: _Sent) -> BatchResult | None:
+    """The result of ``sent`` when its COMMIT landed, else None (then nothing of it did:
+    a transaction commits whole)."""
+    cur = await conn.execute(
+        "SELECT position FROM streamapp_events WHERE stream_id = %s AND version = %s "
+        "AND payload = %s",
+        (sent.stream_id, sent.version, sent.payload),
     )
     row = await cur.fetchone()
-    return f"{row[0]} ({row[1] or 'local'})" if row else "another session"
+    return None if row is None else sent.result

@@ -28,20 +28,23 @@ from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..events import Event
+from ..storeurl import SETTING, parse_url
 from .base import (
     LIVE_OFFSET_SQL,
-    SETTING,
+    STORED_TWICE_SQL,
     Append,
     AppendResult,
     BatchResult,
+    EventKey,
+    OnDuplicate,
     ParkedRecord,
     StoredEvent,
     StoredRow,
     decode_headers,
     encode_headers,
-    parse_url,
+    event_keys,
+    log_indexed,
     plan_batch,
-    results_of,
     worker_locked,
 )
 
@@ -54,6 +57,8 @@ CREATE TABLE IF NOT EXISTS streamapp_events (
     stream_id TEXT NOT NULL,
     version INTEGER NOT NULL,
     payload BLOB NOT NULL,
+    source TEXT,
+    event_id TEXT,
     UNIQUE (stream_id, version)
 );
 CREATE TABLE IF NOT EXISTS streamapp_forwarder_checkpoints (
@@ -78,7 +83,24 @@ CREATE TABLE IF NOT EXISTS streamapp_parked (
     parked_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS streamapp_parked_destination ON streamapp_parked (destination, id);
+CREATE TABLE IF NOT EXISTS streamapp_ledger (
+    app_id TEXT NOT NULL, key TEXT NOT NULL, value BLOB, PRIMARY KEY (app_id, key)
+);
+CREATE TABLE IF NOT EXISTS streamapp_store (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    id TEXT NOT NULL,
+    created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
+);
+INSERT OR IGNORE INTO streamapp_store (one, id) VALUES (1, lower(hex(randomblob(16))));
 """
+"""``streamapp_store`` holds the store's identity (one row, a random id made with the
+schema, or at the first open by a streamapp that has it). ``source`` and ``event_id`` (the
+CloudEvent's, indexed by :data:`EVENT_KEY_INDEX`) let appends skip events already stored;
+a store made before them gets them at its first open (:func:`_add_event_keys`)."""
+EVENT_KEY_INDEX = (
+    "CREATE INDEX IF NOT EXISTS streamapp_events_source_id ON streamapp_events (source, event_id)"
+)
+_KEYS_CHUNK = 400  # (source, id) pairs per lookup: two variables each
 _VERSIONS_CHUNK = 500  # stream ids per IN (...) query, well below SQLite's variable limit
 _make = StoredEvent._make
 
@@ -95,11 +117,22 @@ class SqliteEventStore:
 
     @classmethod
     async def open(cls, url: str, *, busy_timeout_s: float = 30.0) -> SqliteEventStore:
-        """Open (and create) the store file of ``url``; the schema is made if missing."""
-        path = parse_url(url).path
+        """Open (and create) the store file of ``url``; the schema is made if missing.
+
+        A missing directory is a ConfigError (a mistyped path would otherwise give an
+        empty store elsewhere), unless the URL ends with ``?create=1``."""
+        parsed = parse_url(url)
+        path = parsed.path
         if path is None:
             raise ConfigError(f"setting {SETTING} = {url!r} is not a sqlite:/// URL")
-        conn = await asyncio.to_thread(_connect, path, busy_timeout_s, url)
+        if not parsed.create and not path.parent.is_dir():
+            raise ConfigError(
+                f"setting {SETTING} = {url!r}: the directory {path.parent} of the SQLite "
+                "store does not exist. Check the path for a typo (sqlite:///relative.db is "
+                "from the working directory, sqlite:////absolute.db from the root), or add "
+                f"?create=1 to make it: {url}?create=1"
+            )
+        conn = await asyncio.to_thread(_connect, path, busy_timeout_s, url, parsed.create)
         return cls(url, conn, path)
 
     async def __aenter__(self) -> SqliteEventStore:
@@ -109,12 +142,20 @@ class SqliteEventStore:
         await self.close()
 
     async def append(
-        self, stream_id: str, events: Sequence[Event], expected_version: int | None = None
+        self,
+        stream_id: str,
+        events: Sequence[Event],
+        expected_version: int | None = None,
+        *,
+        on_duplicate: OnDuplicate = "skip",
     ) -> AppendResult:
-        return (await self.append_many([Append(stream_id, events, expected_version)])).one()
+        appends = [Append(stream_id, events, expected_version)]
+        return (await self.append_many(appends, on_duplicate=on_duplicate)).one()
 
-    async def append_many(self, appends: Sequence[Append]) -> BatchResult:
-        return await self._run(self._append_many, appends)
+    async def append_many(
+        self, appends: Sequence[Append], *, on_duplicate: OnDuplicate = "skip"
+    ) -> BatchResult:
+        return await self._run(self._append_many, appends, on_duplicate)
 
     async def read_all(self, from_position: int, limit: int) -> list[StoredEvent]:
         self.reads += 1
@@ -141,6 +182,13 @@ class SqliteEventStore:
             return int(row[0] or 0)
 
         return await self._run(head)
+
+    async def store_id(self) -> str:
+        def read() -> str:
+            (found,) = self._conn.execute("SELECT id FROM streamapp_store").fetchone()
+            return str(found)
+
+        return await self._run(read)
 
     async def close(self) -> None:
         async with self._lock:
@@ -216,6 +264,14 @@ class SqliteEventStore:
 
         return await self._run(read)
 
+    async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:
+        sql = "SELECT key, value FROM streamapp_ledger WHERE app_id = ? ORDER BY key"
+        return await self._run(lambda: self._conn.execute(sql, (app_id,)).fetchall())
+
+    async def put_ledger_record(self, app_id: str, key: str, value: bytes) -> None:
+        sql = "INSERT OR REPLACE INTO streamapp_ledger (app_id, key, value) VALUES (?, ?, ?)"
+        await self._run(self._conn.execute, sql, (app_id, key, value))  # autocommit
+
     def forwarder_state(self, name: str) -> SqliteForwarderState:
         """The lock (a file lock next to the store) and checkpoint of forwarder ``name``."""
         return SqliteForwarderState(self, name)
@@ -240,24 +296,26 @@ class SqliteEventStore:
         ).fetchall()
         return rows
 
-    def _append_many(self, appends: Sequence[Append]) -> BatchResult:
+    def _append_many(self, appends: Sequence[Append], on_duplicate: OnDuplicate) -> BatchResult:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             versions = _versions(conn, {a.stream_id for a in appends})
-            planned, error = plan_batch(appends, versions)
+            known = _known(conn, event_keys(appends))
             (head,) = conn.execute(
                 "SELECT coalesce(max(position), 0) FROM streamapp_events"
             ).fetchone()
+            rows, result = plan_batch(appends, versions, known, int(head), on_duplicate)
             conn.executemany(
-                "INSERT INTO streamapp_events (stream_id, version, payload) VALUES (?, ?, ?)",
-                [row for rows, _ in planned for row in rows],
+                "INSERT INTO streamapp_events (stream_id, version, payload, source, event_id) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
             )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        return BatchResult(results_of(planned, int(head)), error)
+        return result
 
 
 class SqliteForwarderState:
@@ -334,13 +392,14 @@ class SqliteForwarderState:
         await self.store._run(save)
 
 
-def _connect(path: Path, busy_timeout_s: float, url: str) -> sqlite3.Connection:
+def _connect(path: Path, busy_timeout_s: float, url: str, create: bool) -> sqlite3.Connection:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
-        _prepare(conn, busy_timeout_s)
+        _prepare(conn, busy_timeout_s, url)
     except (sqlite3.Error, OSError) as exc:
         raise ConfigError(
             f"setting {SETTING} = {url!r}: cannot open the SQLite store {path}: {exc}. "
@@ -365,7 +424,41 @@ def _versions(conn: sqlite3.Connection, stream_ids: set[str]) -> dict[str, int]:
     return out
 
 
-def _prepare(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
+def _known(conn: sqlite3.Connection, keys: list[EventKey]) -> dict[EventKey, int]:
+    """The stored position of each of ``keys`` that the store holds (the first copy)."""
+    out: dict[EventKey, int] = {}
+    for start in range(0, len(keys), _KEYS_CHUNK):
+        chunk = keys[start : start + _KEYS_CHUNK]
+        values = ",".join(["(?, ?)"] * len(chunk))
+        found = conn.execute(
+            "SELECT e.source, e.event_id, min(e.position) "
+            f"FROM (VALUES {values}) AS k JOIN streamapp_events AS e "
+            "ON e.source = k.column1 AND e.event_id = k.column2 GROUP BY e.source, e.event_id",
+            [part for key in chunk for part in key],
+        ).fetchall()
+        out.update(((s, i), p) for s, i, p in found)
+    return out
+
+
+def _add_event_keys(conn: sqlite3.Connection, url: str) -> None:
+    """Give a store made before event keys its ``source`` and ``event_id`` columns, filled
+    from the stored payloads (once, inside the schema's transaction), and say how many
+    events were already stored twice."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(streamapp_events)")}
+    if "event_id" in columns:
+        return
+    conn.execute("ALTER TABLE streamapp_events ADD COLUMN source TEXT")
+    conn.execute("ALTER TABLE streamapp_events ADD COLUMN event_id TEXT")
+    conn.execute(
+        "UPDATE streamapp_events SET source = json_extract(CAST(payload AS TEXT), '$.source'), "
+        "event_id = json_extract(CAST(payload AS TEXT), '$.id')"
+    )
+    conn.execute(EVENT_KEY_INDEX)
+    (twice,) = conn.execute(STORED_TWICE_SQL).fetchone()
+    log_indexed(url, int(twice))
+
+
+def _prepare(conn: sqlite3.Connection, busy_timeout_s: float, url: str) -> None:
     """WAL mode and the schema. Switching to WAL does not wait on the busy handler, so
     processes that create the same new file at once retry here until the busy timeout."""
     deadline = time.monotonic() + busy_timeout_s
@@ -374,7 +467,10 @@ def _prepare(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
-            conn.executescript("BEGIN IMMEDIATE;" + SCHEMA + "COMMIT;")
+            conn.executescript("BEGIN IMMEDIATE;" + SCHEMA)
+            _add_event_keys(conn, url)
+            conn.execute(EVENT_KEY_INDEX)
+            conn.execute("COMMIT")
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:

@@ -38,6 +38,16 @@ class OffsetCommits:
         self._sending: asyncio.Task[None] | None = None
         self._closed = False
 
+    @property
+    def pending(self) -> frozenset[TopicPartition]:
+        """Partitions with a position recorded for the next ``OffsetCommit``."""
+        return frozenset(self._pending)
+
+    @property
+    def in_flight(self) -> frozenset[TopicPartition]:
+        """Partitions of the ``OffsetCommit`` under way (sent, not answered yet)."""
+        return self._in_flight
+
     def record(self, tp: TopicPartition, offset: int, metadata: str = "") -> None:
         """Commit ``offset`` of ``tp`` soon (with the next ``OffsetCommit``)."""
         if self._closed:  # the consumer is stopping: the checkpoints hold

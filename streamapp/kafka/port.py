@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import IllegalStateError, KafkaError
 
-from ..engine.port import NO_LANES, Committed
+from ..engine.interfaces import NO_LANES, Committed
 from ..errors import SourceError
 from .commits import OffsetCommits
 

@@ -6,12 +6,16 @@ One per worker, when the app has retry topics (agents with ``Retry``) or delay t
 as they share the source's, and a relay joining or leaving never makes the agents'
 group rebalance (which would close and reopen every table partition).
 
-Per partition, in offset order, a copy whose ``x-deliver-at`` has passed is
-republished to its ``x-origin-topic`` (:func:`streamapp.engine.chain.republished`:
-keyed as before, so it lands on the partition of its key); the partition's offset is
-committed past the due copies only once the broker confirmed them (``acks=all``,
-idempotent). At the first copy not yet due the partition seeks back to it and pauses
-until then. A crash between the confirm and the commit republishes those copies again:
+Each partition is read ahead: the copies not yet due (``x-deliver-at``) wait in a
+window in memory (:class:`streamapp.engine.window.DueWindow`, at most ``WINDOW`` copies
+per partition; a full window pauses the partition until copies leave it). Each copy is
+republished to its ``x-origin-topic`` when due (:func:`streamapp.retry_chain.republished`:
+keyed as before, so it lands on the partition of its key), in due-time order (ties by
+offset), so a long back-off never holds a shorter one behind it: a copy can go back
+before an earlier-offset copy that is due later. The partition's offset is committed
+only up to the lowest copy not yet confirmed by the broker (``acks=all``, idempotent),
+never past it. A crash, a stop or a rebalance drops the window; the next reader reads it
+again from the committed offset and republishes what was confirmed but not committed:
 the relay is at least once (the per-stream version guard skips what an agent applied).
 """
 
@@ -26,14 +30,18 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from ..engine import chain
+from .. import retry_chain as chain
+from ..engine.window import DueWindow
 from ..errors import SourceError
+from ..records import Message
 from ..settings import Settings
-from ..sink import Message
-from .retry import with_startup_retry
+from .connection import with_startup_retry
 from .sink import KafkaSink
 
 log = logging.getLogger("streamapp.relay")
+
+WINDOW = 10_000
+"""Copies read ahead and held per partition before the relay pauses it."""
 
 
 def relay_group(group_id: str) -> str:
@@ -56,9 +64,15 @@ class KafkaRelay:
             session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
         )
-        self.held: dict[TopicPartition, int] = {}
-        """Paused partitions and when their head is due (epoch ms)."""
+        self.windows: dict[TopicPartition, DueWindow[ConsumerRecord]] = {}
+        """Per assigned partition: the copies read and not yet republished."""
+        self._full: set[TopicPartition] = set()
+        """Partitions paused because their window is full."""
+        self._committed: dict[TopicPartition, int] = {}
+        """The offset this relay last committed per partition (skip commits that add nothing)."""
         self.relayed = 0
+        self._next: dict[TopicPartition, int] = {}
+        """Per partition, the relay's position after its last poll (metrics' lag)."""
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -79,12 +93,23 @@ class KafkaRelay:
         if self._task is not None:
             await self._task
 
+    @property
+    def held(self) -> int:
+        """Copies read and not yet republished, over every partition."""
+        return sum(len(w) for w in self.windows.values())
+
+    @property
+    def held_copies(self) -> int:
+        """:attr:`held`, as the metrics read it (:class:`~streamapp.engine.metrics.RelayGauges`)."""
+        return self.held
+
     async def _loop(self) -> None:
         poll_ms = self.settings.poll_timeout_ms
         while not self._stopping:
-            self._resume_due()
+            await self._republish_due()
+            self._resume_roomy()
             try:
-                fetched = await self._consumer.getmany(timeout_ms=poll_ms)
+                fetched = await self._consumer.getmany(timeout_ms=self._wait_ms(poll_ms))
             except KafkaError as exc:
                 if not exc.retriable:
                     raise SourceError(
@@ -96,33 +121,56 @@ class KafkaRelay:
                 await asyncio.sleep(poll_ms / 1000)
                 continue
             for tp, records in fetched.items():
-                if tp not in self.held:
-                    await self._relay(tp, records)
+                self._read(tp, records)
+            await self._positions()
 
-    def _resume_due(self) -> None:
-        now = time.time() * 1000
-        for tp, due in list(self.held.items()):
-            if due <= now:
-                del self.held[tp]
-                self._quietly(self._consumer.resume, tp)
+    def _wait_ms(self, poll_ms: int) -> int:
+        """Poll until the next copy is due, at most ``poll_ms``."""
+        dues = [d for w in self.windows.values() if (d := w.next_due()) is not None]
+        if not dues:
+            return poll_ms
+        return max(0, min(poll_ms, int(min(dues) - time.time() * 1000) + 1))
 
-    async def _relay(self, tp: TopicPartition, records: Sequence[ConsumerRecord]) -> None:
-        now = time.time() * 1000
-        due: list[ConsumerRecord] = []
+    async def _positions(self) -> None:
+        """Where each partition stands once the poll's copies are read (:meth:`lag`):
+        the consumer's position, past transaction markers, at a held copy after a seek."""
+        for tp in self._consumer.assignment():
+            try:
+                self._next[tp] = await self._consumer.position(tp)
+            except Exception as exc:  # revoked meanwhile
+                log.debug("relay: position of %s: %r", tp, exc)
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Offsets not republished yet per assigned retry or delay partition: its last
+        stable offset minus the relay's position (markers of transactions count too), plus
+        the copies read into its window and not yet republished."""
+        out: dict[tuple[str, int], int] = {}
+        try:
+            assigned = self._consumer.assignment()
+        except Exception:  # not started or closed
+            return out
+        for tp in assigned:
+            end = self._consumer.last_stable_offset(tp)
+            if end is None:
+                end = self._consumer.highwater(tp)
+            at = self._next.get(tp)
+            if end is not None and at is not None:
+                window = self.windows.get(tp)
+                out[(tp.topic, tp.partition)] = max(0, end - at) + (len(window) if window else 0)
+        return out
+
+    def _read(self, tp: TopicPartition, records: Sequence[ConsumerRecord]) -> None:
+        """Put ``records`` in the partition's window; a full one pauses the partition."""
+        if tp not in self._consumer.assignment():  # fetched before a revoke: dropped
+            return
+        window = self.windows.setdefault(tp, DueWindow(WINDOW))
         for record in records:
-            at = chain.due_ms(record.headers) or 0
-            if at > now:  # the head is not due: wait for it, later copies behind it
+            if window.full:  # read again from here once the window has room
                 self._quietly(self._consumer.seek, tp, record.offset)
                 self._quietly(self._consumer.pause, tp)
-                self.held[tp] = at
-                break
-            due.append(record)
-        if not due:
-            return
-        messages: list[Message] = []
-        for record in due:
-            origin = chain.header(record.headers, chain.ORIGIN_TOPIC)
-            if origin is None:
+                self._full.add(tp)
+                return
+            if chain.header(record.headers, chain.ORIGIN_TOPIC) is None:
                 log.warning(
                     "relay: %s[%d]@%d has no %s header: skipped",
                     tp.topic,
@@ -130,28 +178,61 @@ class KafkaRelay:
                     record.offset,
                     chain.ORIGIN_TOPIC,
                 )
+                window.skip(record.offset)
                 continue
+            window.add(record.offset, chain.due_ms(record.headers) or 0, record)
+
+    def _resume_roomy(self) -> None:
+        for tp in list(self._full):
+            window = self.windows.get(tp)
+            if window is None or not window.full:
+                self._full.discard(tp)
+                self._quietly(self._consumer.resume, tp)
+
+    async def _republish_due(self) -> None:
+        now = time.time() * 1000
+        for tp, window in list(self.windows.items()):
+            taken = window.take_due(now)
+            if taken:
+                await self._republish(tp, window, taken)
+            await self._commit(tp, window)
+
+    async def _republish(
+        self,
+        tp: TopicPartition,
+        window: DueWindow[ConsumerRecord],
+        taken: list[tuple[int, ConsumerRecord]],
+    ) -> None:
+        messages: list[Message] = []
+        for _, record in taken:
+            origin = chain.header(record.headers, chain.ORIGIN_TOPIC)
+            assert origin is not None  # checked when read
             headers = list(record.headers)
             messages.append(chain.republished(origin.decode(), record.value, record.key, headers))
         try:
-            if messages:
-                await self.sink.publish_many(messages)
-        except Exception as exc:  # held for a poll interval, so a fast failure never spins
+            await self.sink.publish_many(messages)
+        except Exception as exc:  # again after a poll interval, so a fast failure never spins
             pause_ms = self.settings.poll_timeout_ms
             log.error(
                 "relay: republishing %d from %s failed (%r); again in %d ms",
-                len(due),
+                len(taken),
                 tp,
                 exc,
                 pause_ms,
             )
-            self._quietly(self._consumer.seek, tp, due[0].offset)
-            self._quietly(self._consumer.pause, tp)
-            self.held[tp] = int(time.time() * 1000) + pause_ms
+            window.put_back(taken, int(time.time() * 1000) + pause_ms)
             return
         self.relayed += len(messages)
+        window.done(offset for offset, _ in taken)
+
+    async def _commit(self, tp: TopicPartition, window: DueWindow[ConsumerRecord]) -> None:
+        """Commit the prefix of copies already republished (never past one that is not)."""
+        at = window.commit_at
+        if at is None or at <= self._committed.get(tp, -1) or self.windows.get(tp) is not window:
+            return
         try:
-            await self._consumer.commit({tp: due[-1].offset + 1})
+            await self._consumer.commit({tp: at})
+            self._committed[tp] = at
         except KafkaError as exc:  # moved to another relay: it republishes them again
             log.info("relay: commit of %s skipped (%r); at least once", tp, exc)
 
@@ -163,16 +244,21 @@ class KafkaRelay:
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Forgets held partitions on revoke (pauses do not survive a rebalance)."""
+    """Drops the windows on revoke: the next owner reads them again from the commit."""
 
     def __init__(self, relay: KafkaRelay) -> None:
         self.relay = relay
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         for tp in revoked:
-            self.relay.held.pop(tp, None)
+            self.relay.windows.pop(tp, None)
+            self.relay._full.discard(tp)
+            self.relay._committed.pop(tp, None)
+            self.relay._next.pop(tp, None)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        for tp in list(self.relay.held):
+        for tp in list(self.relay.windows):
             if tp not in assigned:
-                del self.relay.held[tp]
+                self.relay.windows.pop(tp, None)
+                self.relay._committed.pop(tp, None)
+        self.relay._full &= assigned

@@ -18,8 +18,11 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from ..engine.interfaces import SinkMetrics
+from ..engine.metrics import NO_SINK_METRICS
 from ..errors import ConfigError, PublishError
-from ..sink import Message, Receipt
+from ..records import Message, Receipt
+from ..reserved import refuse_headers
 
 DURABLE: Mapping[str, Any] = {"acks": "all", "enable_idempotence": True}
 """What every streamapp producer uses; :func:`producer_config` refuses anything weaker."""
@@ -62,16 +65,19 @@ class KafkaSink:
 
     ``options`` are further ``AIOKafkaProducer`` options (e.g. ``compression_type``);
     ``acks`` and ``enable_idempotence`` may only be given at their durable values.
+    ``metrics`` counts the messages not confirmed, per topic (``failed``, ``timed_out``).
     """
 
     def __init__(
         self,
         bootstrap: str,
         *,
-        timeout_s: float = 30.0,
+        timeout_s: float = 5.0,
         options: Mapping[str, Any] | None = None,
+        metrics: SinkMetrics = NO_SINK_METRICS,
     ) -> None:
         self.timeout_s = timeout_s
+        self.metrics = metrics
         self.config = producer_config({"linger_ms": 2, **(options or {})})
         """The producer's options (bootstrap aside), durable ones included."""
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **self.config)
@@ -94,8 +100,10 @@ class KafkaSink:
         """Publish and wait for the broker's acknowledgement.
 
         Raises PublishError when not confirmed within ``timeout_s``: the outcome is then
-        unknown (publish again; consumers downstream must be idempotent).
+        unknown (publish again; consumers downstream must be idempotent). Raises
+        ReservedNameError for a chain or ``streamapp-`` header (:mod:`streamapp.reserved`).
         """
+        refuse_headers(headers, f"publish to topic {topic!r}")
         try:
             async with asyncio.timeout(self.timeout_s):  # send() may wait for metadata too
                 fut = await self._producer.send(
@@ -103,21 +111,24 @@ class KafkaSink:
                 )
                 await fut
         except Exception as exc:
+            self.metrics.publish_failed("kafka", topic, _outcome(exc))
             raise PublishError(
-                f"publish to topic {topic!r} not confirmed within {self.timeout_s:.0f}s "
+                f"publish to topic {topic!r} not confirmed within {self.timeout_s:g}s "
                 f"(setting publish_timeout_s): {exc!r}"
             ) from exc
 
     async def publish_many(self, messages: Sequence[Message]) -> list[Receipt]:
         """Send every message (all in flight at once), then wait until all are confirmed.
 
-        The whole batch has ``timeout_s``; past it, or on any failure, PublishError: some
-        messages may have been written (publish the batch again; duplicates possible).
-        Per partition the order of ``messages`` is kept (idempotent producer).
+        The batch has ``timeout_s`` per started thousand messages (as the RabbitMQ sink);
+        past it, or on any failure, PublishError: some messages may have been written
+        (publish the batch again; duplicates possible). Per partition the order of
+        ``messages`` is kept (idempotent producer).
         """
         futures: list[asyncio.Future[Any]] = []
+        bound = self.timeout_s * (1 + len(messages) // 1000)
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(bound):
                 for m in messages:
                     futures.append(
                         await self._producer.send(
@@ -130,10 +141,31 @@ class KafkaSink:
                     )
                 metas = await asyncio.gather(*futures)
         except Exception as exc:
+            self._count_unconfirmed(messages, futures, _outcome(exc))
             for fut in futures:
                 fut.cancel()
             raise PublishError(
-                f"batch of {len(messages)} messages not confirmed within {self.timeout_s:.0f}s "
+                f"batch of {len(messages)} messages not confirmed within {bound:g}s "
                 f"(setting publish_timeout_s): {exc!r}"
             ) from exc
         return [Receipt(meta.topic, meta.partition, meta.offset) for meta in metas]
+
+    def _count_unconfirmed(
+        self, messages: Sequence[Message], futures: Sequence[asyncio.Future[Any]], outcome: str
+    ) -> None:
+        """Count, per topic, the messages of a failed batch the broker did not confirm."""
+        per_topic: dict[str, int] = {}
+        for i, m in enumerate(messages):
+            fut = futures[i] if i < len(futures) else None
+            confirmed = (
+                fut is not None and fut.done() and not fut.cancelled() and not fut.exception()
+            )
+            if not confirmed:
+                per_topic[m.topic] = per_topic.get(m.topic, 0) + 1
+        for topic, n in per_topic.items():
+            self.metrics.publish_failed("kafka", topic, outcome, n)
+
+
+def _outcome(exc: BaseException) -> str:
+    """``timed_out`` for the sink's own deadline, ``failed`` for every other error."""
+    return "timed_out" if isinstance(exc, TimeoutError) else "failed"

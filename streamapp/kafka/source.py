@@ -19,24 +19,30 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
-from ..agent import Agent, TopicSpec
+from ..agent import Agent
 from ..app import App
+from ..codecs import kafka as codec
 from ..engine.assignment import Assignment
-from ..engine.delivery import Delivery, Message
-from ..engine.metrics import NO_METRICS, TaskMetrics
+from ..engine.factory import TaskFactory
+from ..engine.interfaces import TaskMetrics
+from ..engine.metrics import NO_METRICS
 from ..engine.parking import parker
-from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
+from ..engine.replay import HistoryFeed
+from ..engine.task import PartitionTask
+from ..engine.task_config import TaskConfig
 from ..errors import SourceError
 from ..events import Event
 from ..outcomes import Retry
+from ..records import Delivery, DeliveryRecord
 from ..settings import Settings
 from ..tables.store import Store, rocks_opener
-from . import codec
+from ..topics import TopicSpec
 from .commits import FLUSH_TIMEOUT_S, OffsetCommits
+from .connection import with_startup_retry
+from .members import Generation
 from .port import KafkaPartitionPort
-from .retry import with_startup_retry
 from .sink import KafkaSink
-from .topics import check_topics, delete_retention_ms
+from .topology import check_new_lanes, check_topics, delete_retention_ms
 from .transaction import KafkaTransaction
 
 log = logging.getLogger("streamapp.kafka")
@@ -74,7 +80,16 @@ class KafkaSource:
         self.history, self.metrics = history, metrics
         self.assignment = Assignment(app)
         self._topics = app.sources
-        self._config = TaskConfig.from_settings(settings)
+        self._factory = TaskFactory(
+            config=TaskConfig.from_settings(settings),
+            decode=decode,
+            park=lambda agent, name: parker(self.sink, agent, name),
+            history=history,
+            metrics=metrics,
+            encode=codec.encode,
+            locate=self.assignment.read_store,
+            on_fatal=self._fail,
+        )
         self._retention: dict[str, int] = {}
         self._admin: AIOKafkaAdminClient | None = None
         assignor = RangePartitionAssignor if app.copartitioned else RoundRobinPartitionAssignor
@@ -102,10 +117,18 @@ class KafkaSource:
         """Tasks revoked by the rebalance in progress, kept open in case it hands their
         partitions back (closed once the assignment is known)."""
         self._failed: BaseException | None = None
+        self.generation: Generation | None = None
+        """The group generation of the current assignment (None during a rebalance):
+        what the views directory trusts (:mod:`streamapp.kafka.members`)."""
 
     async def start(self) -> None:
         """Connect (with start-up retries), check topics, join the group, start polling."""
-        await check_topics(self.app, self.settings, self.app_ref)
+        await with_startup_retry(  # a topic made meanwhile (topics create) is waited for
+            self.settings,
+            "topic check",
+            lambda: check_topics(self.app, self.settings, self.app_ref),
+        )
+        await check_new_lanes(self.app, self.settings, self.app_ref)
         changelogs = [self.app.changelog_topic(a) for a in self.app.agents.values()]
         self._retention = await delete_retention_ms(self.settings, [t for t in changelogs if t])
         admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
@@ -169,7 +192,9 @@ class KafkaSource:
                 elif task.accepting:
                     task.feed(
                         [
-                            Message(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
+                            DeliveryRecord(
+                                r.topic, r.partition, r.offset, r.key, r.value, r.headers
+                            )
                             for r in records
                         ]
                     )
@@ -192,11 +217,11 @@ class KafkaSource:
             key = (tp.topic, tp.partition)
             kept = self._suspended.pop(key, None)
             if kept is not None:
-                log.info("assigned %s[%d] again: kept open", tp.topic, tp.partition)
+                log.debug("assigned %s[%d] again: kept open", tp.topic, tp.partition)
                 self.assignment.tasks[key] = kept
                 kept.rejoin()
                 continue
-            log.info("assigned %s[%d]", tp.topic, tp.partition)
+            log.debug("assigned %s[%d]", tp.topic, tp.partition)
             task = self._task(topic, tp)
             self.assignment.tasks[key] = task
             task.start()
@@ -213,7 +238,7 @@ class KafkaSource:
                 tp,
                 settings.group_id,
                 app.changelog_topic,
-                timeout_s=settings.publish_timeout_s,
+                timeout_s=settings.transaction_timeout_s,
                 stall_timeout_s=settings.restore_stall_timeout_s,
                 retention_ms=self._retention,
                 assigned=lambda: tp in self._consumer.assignment(),
@@ -231,21 +256,8 @@ class KafkaSource:
         def open_store(agent: Agent, spaces: list[str]) -> Store:
             return rocks_opener(settings, app.id, agent.name, p)(spaces)
 
-        return PartitionTask(
-            agents,
-            p,
-            port,
-            name=name,
-            config=self._config,
-            decode=decode,
-            park=lambda agent: parker(self.sink, agent, name),
-            open_store=open_store,
-            transaction=transaction,
-            history=self.history,
-            metrics=self.metrics,
-            on_fatal=self._fail,
-            encode=codec.encode,
-            locate=self.assignment.read_store,
+        return self._factory.create(
+            agents, p, port, name=name, open_store=open_store, transaction=transaction
         )
 
     async def _release(
@@ -293,9 +305,25 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.source.assignment.rebalancing = True
+        self.source.generation = None
         await self.source._release(revoked, keep=True)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        generation = current_generation(self.source._consumer)  # before any await
         self.source._acquire(assigned)  # kept tasks it hands back go on from where they were
         await self.source._close_suspended()
+        self.source.generation = generation
         self.source.assignment.rebalancing = False
+
+
+def current_generation(consumer: AIOKafkaConsumer) -> Generation | None:
+    """The generation and member id of ``consumer``'s assignment, read in the assignment
+    callback. aiokafka keeps them on its group coordinator only (``generation``,
+    ``member_id``, set by the JoinGroup it completed), with no public accessor."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    number = getattr(coordinator, "generation", None)
+    member_id = getattr(coordinator, "member_id", None)
+    if not isinstance(number, int) or number < 0 or not isinstance(member_id, str):
+        log.warning("the group generation is not known: views do not forward until it is")
+        return None
+    return Generation(number, member_id)

@@ -17,7 +17,9 @@ group generation (aiokafka sends v0, no KIP-447 fencing): the stable id is the f
 
 Restore (:func:`restore`) reads one agent's changelog partition from its store's
 recorded position to the end with ``read_committed`` (aborted batches are invisible), in
-chunks, each one atomic store write with the new position. A store whose last write is
+chunks, each one atomic store write with the new position. First the store's lineage is
+checked (:mod:`streamapp.kafka.lineage`): a store that is not of this changelog (deleted
+and made again since) is wiped and restored in full. A store whose last write is
 older than the topic's ``delete.retention.ms`` is wiped and restored in full: compaction
 may have dropped tombstones it never saw (the Kafka Streams rule). Format and the
 reasons for transactions: :mod:`streamapp.tables.changelog`.
@@ -27,8 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -37,12 +37,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
 
 from ..agent import Agent
-from ..engine.port import Committed
+from ..engine.interfaces import Committed
 from ..errors import FencedError, PublishError, SourceError
-from ..sink import Message
+from ..records import Message
 from ..tables.changelog import RestoreChunk, records
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import BatchChanges, PartitionTables
+from .lineage import mismatch
 from .port import offset_metadata
 from .sink import producer_config
 
@@ -50,9 +51,6 @@ log = logging.getLogger("streamapp.partition")
 
 CHUNK = 5000
 FENCED = (ProducerFenced, InvalidProducerEpoch)
-CRASH_BEFORE_COMMIT = os.environ.get("STREAMAPP_TEST_CRASH_BEFORE_COMMIT")
-"""Test only (the crash tests): a topic; the first transaction that sends to it kills
-this process with SIGKILL once its sends are flushed, before it commits."""
 
 
 class KafkaTransaction:
@@ -83,6 +81,8 @@ class KafkaTransaction:
         self.retention_ms = retention_ms
         """Each changelog topic's ``delete.retention.ms`` (absent: no stale-store rule)."""
         self._producer: AIOKafkaProducer | None = None
+        self._abandoned: set[asyncio.Task[None]] = set()
+        """Stops of writers that did not start in time, each run once its start ended."""
         self._where = f"{source.topic}[{source.partition}]"
 
     async def open(self) -> None:
@@ -138,7 +138,7 @@ class KafkaTransaction:
         except TimeoutError:
             raise PublishError(
                 f"transaction of {self.transactional_id} ({self._where}) not committed "
-                f"within {self.timeout_s:.0f}s (setting publish_timeout_s)"
+                f"within {self.timeout_s:g}s (setting transaction_timeout_s)"
             ) from None
         except KafkaError as exc:
             raise PublishError(f"transaction of {self._where} failed: {exc!r}") from exc
@@ -148,6 +148,8 @@ class KafkaTransaction:
         await self._start_writer()
 
     async def close(self) -> None:
+        if self._abandoned:
+            await asyncio.wait(set(self._abandoned))
         producer, self._producer = self._producer, None
         if producer is not None:
             try:
@@ -188,19 +190,52 @@ class KafkaTransaction:
                 }
             ),
         )
+        # Never cancelled mid-start: aiokafka's bootstrap drops a connection it was
+        # reading metadata on when cancelled there (its reader task left running). A
+        # start past the deadline is left to end, then stopped (:meth:`close` waits).
+        start = asyncio.ensure_future(producer.start())
         try:
-            await asyncio.wait_for(producer.start(), self.timeout_s)
-        except BaseException as exc:
+            await asyncio.wait({start}, timeout=self.timeout_s)
+        except BaseException:
+            self._abandon(producer, start)
+            raise
+        if not start.done():
+            self._abandon(producer, start)
+            raise PublishError(
+                f"transactional writer {self.transactional_id} did not start within "
+                f"{self.timeout_s:g}s (setting transaction_timeout_s)"
+            )
+        exc = start.exception()
+        if exc is not None:
             await producer.stop()
-            if isinstance(exc, TimeoutError):
-                raise PublishError(
-                    f"transactional writer {self.transactional_id} did not start within "
-                    f"{self.timeout_s:.0f}s (setting publish_timeout_s)"
-                ) from None
             if isinstance(exc, KafkaError):
                 raise SourceError(f"transactional writer {self.transactional_id}: {exc!r}") from exc
-            raise
+            raise exc
         self._producer = producer
+
+    def _abandon(self, producer: AIOKafkaProducer, start: asyncio.Future[None]) -> None:
+        """Stop ``producer`` once its ``start`` ends (bounded by ``ABORT_TIMEOUT_S``)."""
+
+        async def stop() -> None:
+            await asyncio.wait({start}, timeout=ABORT_TIMEOUT_S)
+            if not start.done():
+                start.cancel()  # the broker is away: aiokafka may leave a connection
+            elif not start.cancelled():
+                start.exception()  # seen: the caller was told already
+            try:
+                await asyncio.wait_for(producer.stop(), ABORT_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "%s: transactional writer %s that did not start in time did not stop "
+                    "within %.0fs either (broker away?)",
+                    self._where,
+                    self.transactional_id,
+                    ABORT_TIMEOUT_S,
+                )
+
+        task = asyncio.create_task(stop(), name=f"stop {self.transactional_id}")
+        self._abandoned.add(task)
+        task.add_done_callback(self._abandoned.discard)
 
     async def _commit(
         self,
@@ -215,27 +250,44 @@ class KafkaTransaction:
         if settle is not None and self._settled is not None:
             await self._settled()
         await producer.begin_transaction()
+        sent: list[asyncio.Future[Any]] = []
+        """Every send's future: each is retrieved, whatever happens (a fenced writer's
+        would each print "Future exception was never retrieved")."""
         try:
             lasts = [
-                await _send_records(producer, self._topic(agent), p, records(batch))
+                await _send_records(producer, self._topic(agent), p, records(batch), sent)
                 for agent, batch in changes
             ]
             for m in outputs:
-                await producer.send(
+                future = await producer.send(
                     m.topic, m.value, key=m.key, headers=list(m.headers), partition=m.partition
                 )
+                sent.append(future)
             if settle is not None:
                 offset = (settle.position, offset_metadata(settle.ahead))
                 await producer.send_offsets_to_transaction({self.source: offset}, self.group_id)
-            if CRASH_BEFORE_COMMIT and any(m.topic == CRASH_BEFORE_COMMIT for m in outputs):
-                await producer.flush()
-                log.warning("STREAMAPP_TEST_CRASH_BEFORE_COMMIT: killing this worker")
-                os.kill(os.getpid(), signal.SIGKILL)
             await producer.commit_transaction()
         except BaseException:
             await _abort(producer)
             raise
+        finally:
+            _retrieve(sent)
         return [int((await last).offset) + count for last, count in lasts]
+
+
+def _retrieve(futures: Iterable[asyncio.Future[Any]]) -> None:
+    """Mark each future's outcome as seen, now or when it ends: the transaction's commit
+    or its failure is what reports them."""
+    for future in futures:
+        if future.done():
+            _seen(future)
+        else:
+            future.add_done_callback(_seen)
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 BATCH_BYTES = 512 * 1024
@@ -248,16 +300,19 @@ async def _send_records(
     topic: str,
     partition: int,
     items: Iterable[tuple[bytes, bytes | None]],
+    sent: list[asyncio.Future[Any]],
 ) -> tuple[asyncio.Future[Any], int]:
     """Send ``items`` to ``topic``'s ``partition`` as whole record batches (one append
     each, no coroutine per record: a batch of a 10,000-key workload writes thousands).
-    Returns the last batch's future (its base offset) and its record count."""
+    Returns the last batch's future (its base offset) and its record count; every
+    batch's future is added to ``sent``."""
     builder = producer.create_batch()
     count = 0
-    sent: tuple[asyncio.Future[Any], int] | None = None
+    last: tuple[asyncio.Future[Any], int] | None = None
     for key, value in items:
         if builder.append(key=key, value=value, timestamp=None) is None:  # full
-            sent = (await producer.send_batch(builder, topic, partition=partition), count)
+            last = (await producer.send_batch(builder, topic, partition=partition), count)
+            sent.append(last[0])
             builder, count = producer.create_batch(), 0
             if builder.append(key=key, value=value, timestamp=None) is None:
                 raise PublishError(
@@ -266,9 +321,10 @@ async def _send_records(
                 )
         count += 1
     if count:
-        sent = (await producer.send_batch(builder, topic, partition=partition), count)
-    assert sent is not None  # records() always ends with the checkpoint
-    return sent
+        last = (await producer.send_batch(builder, topic, partition=partition), count)
+        sent.append(last[0])
+    assert last is not None  # records() always ends with the checkpoint
+    return last
 
 
 async def restore(
@@ -279,10 +335,11 @@ async def restore(
     stale: Callable[[], bool] = lambda: False,
 ) -> int:
     """Apply ``tp`` from the store's recorded changelog position to its end (committed
-    batches only); returns the records applied. When the changelog holds more than the
-    store saw and ``stale()`` says the store is too old to catch up, it is wiped and
-    restored in full. An idle store at the changelog's end is kept: a rebalance that
-    hands it back costs no restore."""
+    batches only); returns the records applied. A store that is not of this changelog
+    (its lineage, :func:`~streamapp.kafka.lineage.mismatch`) is wiped and restored in
+    full. When the changelog holds more than the store saw and ``stale()`` says the
+    store is too old to catch up, it is wiped and restored in full too. An idle store at
+    the changelog's end is kept: a rebalance that hands it back costs no restore."""
     where = f"{tp.topic}[{tp.partition}]"
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -293,8 +350,19 @@ async def restore(
     try:
         await consumer.start()
         consumer.assign([tp])
-        start = tables.checkpoint.changelog
         end = (await consumer.end_offsets([tp]))[tp]
+        why = await mismatch(consumer, tp, tables.checkpoint, end, stall_timeout_s)
+        if why is not None:
+            log.warning(
+                "the local store %s is not of changelog %s: %s. It is wiped and restored "
+                "in full from the changelog",
+                getattr(tables.store, "path", "(in memory)"),
+                where,
+                why,
+            )
+            tables.store.wipe()
+            tables.checkpoint = Checkpoint()
+        start = tables.checkpoint.changelog
         if start >= end - 1:  # at the end, or before the last transaction's commit marker
             return 0
         if stale():
@@ -309,7 +377,7 @@ async def restore(
             fetched = await consumer.getmany(tp, timeout_ms=500, max_records=CHUNK)
             chunk = RestoreChunk(tables)
             for rec in fetched.get(tp, ()):
-                chunk.apply(rec.key, rec.value)
+                chunk.apply(rec.key, rec.value, rec.offset)
                 applied += 1
             position = await consumer.position(tp)
             chunk.write(tables, position)  # holds the GIL anyway; never races close()
@@ -339,3 +407,9 @@ async def _abort(producer: AIOKafkaProducer) -> None:
         await asyncio.wait_for(producer.abort_transaction(), ABORT_TIMEOUT_S)
     except Exception as exc:  # the producer may be fenced or stopped already
         log.debug("abort of the transaction failed: %r", exc)
+    finally:
+        # A fenced writer's sender stops and fails the transaction's waiter, which an
+        # abort that cannot run never awaits: mark it seen (no "never retrieved" print).
+        manager = getattr(producer, "_txn_manager", None)
+        if manager is not None:
+            _retrieve([manager.wait_for_transaction_end()])

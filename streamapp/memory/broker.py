@@ -30,24 +30,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import retry_chain as chain
 from ..agent import Agent
-from ..app import App, TopicRole, relayed
-from ..engine import chain
+from ..app import App
+from ..codecs import kafka as codec
+from ..codecs import plain
 from ..engine.assignment import read_store
-from ..engine.delivery import Delivery, Message
-from ..engine.metrics import NO_METRICS, TaskMetrics
+from ..engine.factory import TaskFactory
+from ..engine.interfaces import NO_LANES, Committed, TaskMetrics
+from ..engine.metrics import NO_METRICS
 from ..engine.parking import parker
-from ..engine.port import NO_LANES, Committed
-from ..engine.task import PartitionTask, TaskConfig
+from ..engine.provenance import StoreIdentity
+from ..engine.replay import Replayed
+from ..engine.task import PartitionTask
+from ..engine.task_config import TaskConfig
 from ..errors import StreamappError
 from ..events import Event
-from ..kafka import codec
 from ..outcomes import Outcome, Redeliver
 from ..partitioner import partition_for
-from ..sink import Message as Outgoing
-from ..sink import Receipt
+from ..records import Delivery, DeliveryRecord, Message, Receipt
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
+from ..topics import TopicRole, relayed
+from ..transport import refuse_unsupported
+from . import transport
 
 MAX_ROUNDS = 1000
 """Rounds of :meth:`MemoryBroker.process` while derived events (and relayed retry copies)
@@ -64,7 +70,7 @@ class StuckRecord:
     there (later records of the partition wait behind it)."""
 
     agent: str
-    record: Message
+    record: DeliveryRecord
     attempts: int
     """Failed attempts in this :meth:`MemoryBroker.process` call."""
     error: str
@@ -93,7 +99,7 @@ class StuckRecordsError(StreamappError):
         )
 
 
-def _describe(record: Message) -> str:
+def _describe(record: DeliveryRecord) -> str:
     try:
         event = _decode(record)
     except Exception:
@@ -106,7 +112,7 @@ class _MemoryPort:
 
     absolute = True
 
-    def __init__(self, records: list[Message]) -> None:
+    def __init__(self, records: list[DeliveryRecord]) -> None:
         self.records = records
         self.position = 0
         self.paused = False
@@ -143,11 +149,14 @@ class _EmptyHistory:
 
     head = 0
 
-    async def catch_up(self, task: PartitionTask) -> None:
+    async def catch_up(self, partition: Replayed, *, fresh: bool = False) -> None:
         return None
 
-    async def live_start(self, task: PartitionTask) -> int | None:
+    async def live_start(self, partition: Replayed) -> int | None:
         return None
+
+    async def identity(self) -> StoreIdentity:
+        return StoreIdentity("memory", "memory", 0)
 
 
 class MemoryBroker:
@@ -174,20 +183,30 @@ class MemoryBroker:
         delayed_policy: str = "immediate",
         fast_forward: bool = True,
     ) -> None:
+        refuse_unsupported(app, transport.NAME, transport.CAPABILITIES)
         self.app = app
         self.max_attempts = max_attempts
         self.metrics = metrics
         self.fast_forward = fast_forward
-        self.topics: dict[str, list[list[Message]]] = {}
+        self.topics: dict[str, list[list[DeliveryRecord]]] = {}
         self._tasks: dict[tuple[str, int], tuple[PartitionTask, _MemoryPort]] = {}
         self._stores: dict[tuple[str, int], MemoryStore] = {}
         self._ahead_s = 0.0
-        self._config = TaskConfig(
-            redeliver_pause_s=0.0,
-            batch_budget_s=batch_budget_s,
-            policy_pauses=False,
-            delayed_policy=delayed_policy,
-            clock=self.clock,
+        self._factory = TaskFactory(
+            config=TaskConfig(
+                redeliver_pause_s=0.0,
+                batch_budget_s=batch_budget_s,
+                policy_pauses=False,
+                delayed_policy=delayed_policy,
+                clock=self.clock,
+            ),
+            decode=_decode,
+            park=lambda agent, name: parker(self, agent, name),
+            history=_EmptyHistory(),
+            metrics=metrics,
+            encode=codec.encode,
+            publish=self.publish_many,
+            locate=self._read_store,
         )
         plan = app.topic_plan(delayed_policy)
         for topic in plan:
@@ -205,9 +224,14 @@ class MemoryBroker:
         """Move the broker's clock ``seconds`` ahead (retry and delay copies fall due)."""
         self._ahead_s += seconds
 
-    def send(self, topic: str, event: Event) -> Message:
-        """Append ``event`` (binary content mode, keyed by stream id) to ``topic``."""
-        key, value, headers = codec.encode(event)
+    def send(self, topic: str, event: Event) -> DeliveryRecord:
+        """Append ``event`` (binary content mode, keyed by stream id) to ``topic``; to a
+        plain topic (``format="json"`` or ``"raw"``), its data alone, keyed by stream id."""
+        spec = self.app.topics.get(topic)
+        if spec is not None and spec.plain:
+            key, value, headers = plain.encode(spec, event)
+        else:
+            key, value, headers = codec.encode(event)
         return self.send_raw(topic, value, key=key, headers=headers)
 
     def send_raw(
@@ -218,15 +242,21 @@ class MemoryBroker:
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
         partition: int | None = None,
-    ) -> Message:
+    ) -> DeliveryRecord:
         """Append any record, CloudEvent or not, to ``topic``."""
         partitions = self._topic(topic)
         p = partition if partition is not None else 0
         if partition is None and key is not None:
             p = partition_for(key, len(partitions))
-        record = Message(topic, p, len(partitions[p]), key, value, tuple(headers))
+        record = DeliveryRecord(topic, p, len(partitions[p]), key, value, tuple(headers))
         partitions[p].append(record)
         return record
+
+    async def start(self) -> None:
+        """The broker as a :class:`~streamapp.engine.interfaces.Sink`: nothing to connect."""
+
+    async def stop(self) -> None:
+        """Nothing to disconnect."""
 
     async def publish(
         self,
@@ -235,11 +265,12 @@ class MemoryBroker:
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
     ) -> None:
         """The broker as a sink (parking): a confirmed in-memory append."""
-        self.send_raw(topic, value, key=key, headers=headers)
+        self.send_raw(topic, value, key=key, headers=headers, partition=partition)
 
-    async def publish_many(self, messages: Sequence[Outgoing]) -> list[Receipt]:
+    async def publish_many(self, messages: Sequence[Message]) -> list[Receipt]:
         """The broker as the sink of derived events: confirmed in-memory appends."""
         out = []
         for m in messages:
@@ -249,7 +280,7 @@ class MemoryBroker:
             out.append(Receipt(m.topic, record.partition, record.position))
         return out
 
-    def records(self, topic: str) -> list[Message]:
+    def records(self, topic: str) -> list[DeliveryRecord]:
         """Every record of ``topic``, partition by partition (e.g. a parking topic)."""
         return [r for part in self._topic(topic) for r in part]
 
@@ -376,20 +407,12 @@ class MemoryBroker:
         if key not in self._tasks:
             port = _MemoryPort(self._topic(topic)[p])
             name = f"{topic}[{p}]"
-            task = PartitionTask(
+            task = self._factory.create(
                 self.app.agents_of(topic),
                 p,
                 port,
                 name=name,
-                config=self._config,
-                decode=_decode,
-                park=lambda agent: parker(self, agent, name),
                 open_store=lambda agent, spaces: self._store(agent, p, spaces),
-                history=_EmptyHistory(),
-                metrics=self.metrics,
-                encode=codec.encode,
-                publish=self.publish_many,
-                locate=self._read_store,
             )
             await task.open()
             self._tasks[key] = (task, port)
@@ -408,7 +431,7 @@ class MemoryBroker:
             self._stores[key] = MemoryStore(spaces)
         return self._stores[key]
 
-    def _topic(self, topic: str) -> list[list[Message]]:
+    def _topic(self, topic: str) -> list[list[DeliveryRecord]]:
         if topic not in self.topics:
             raise KeyError(f"topic {topic!r} is not declared by app {self.app.id!r}")
         return self.topics[topic]

@@ -42,9 +42,10 @@ from aio_pika.abc import (
 )
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from ..engine.delivery import Message
-from ..engine.port import NO_LANES, Committed
+from ..engine.interfaces import NO_LANES, Committed
 from ..errors import ConfigError, SourceError
+from ..records import DeliveryRecord
+from .connection import close_channel
 from .wire import from_message
 
 log = logging.getLogger("streamapp.partition")
@@ -57,7 +58,7 @@ AWAIT_LIMIT_S = 30.0
 
 
 class _Entry(NamedTuple):
-    delivery: Message
+    delivery: DeliveryRecord
     message: AbstractIncomingMessage
     life: object
     """The client channel it came on (its tag means nothing on another)."""
@@ -77,7 +78,7 @@ class RabbitPartitionPort:
         *,
         prefetch: int,
         requeue_interval_s: float,
-        feed: Callable[[list[Message]], bool],
+        feed: Callable[[list[DeliveryRecord]], bool],
         fail: Callable[[BaseException], None],
         app_ref: str = "MODULE:app",
     ) -> None:
@@ -240,8 +241,7 @@ class RabbitPartitionPort:
             try:  # on a channel of its own: a 404 closes the channel it is asked on
                 await probe.queue_declare(self.queue, passive=True)
             finally:
-                if not probe.is_closed:
-                    await probe.close()
+                await close_channel(probe, CLOSE_TIMEOUT_S)
         except ChannelNotFoundEntity:
             self._gone("no longer exists after a reconnect (deleted while the connection was down)")
             return
@@ -257,7 +257,7 @@ class RabbitPartitionPort:
             return
         if self.closed():
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(channel.close(), CLOSE_TIMEOUT_S)
+                await close_channel(channel, CLOSE_TIMEOUT_S)
             return
         log.info("%s: consuming queue %s again after a reconnect", self.name, self.queue)
 
@@ -312,7 +312,7 @@ class RabbitPartitionPort:
         key, value, headers = from_message(message.body, message.headers, message.content_type)
         position = self._next
         self._next += 1
-        delivery = Message(self.topic, self.partition, position, key, value, headers)
+        delivery = DeliveryRecord(self.topic, self.partition, position, key, value, headers)
         self._entries.append(_Entry(delivery, message, life))
         self._hand()
 
@@ -386,16 +386,17 @@ class RabbitPartitionPort:
         channel, self._channel = self._channel, None
         if channel is not None and not channel.is_closed:
             try:  # bounded: a robust channel closed while it reopens can wait forever
-                await asyncio.wait_for(channel.close(), CLOSE_TIMEOUT_S)
-            except TimeoutError:
+                closed = await close_channel(channel, CLOSE_TIMEOUT_S)
+            except Exception as exc:
+                log.debug("%s: closing the channel: %r", self.name, exc)
+                return
+            if not closed:
                 log.warning(
                     "%s: the channel did not close within %.0fs; going on (the broker "
                     "requeues its unacked deliveries when the connection goes)",
                     self.name,
                     CLOSE_TIMEOUT_S,
                 )
-            except Exception as exc:
-                log.debug("%s: closing the channel: %r", self.name, exc)
 
 
 async def _nack(message: AbstractIncomingMessage, name: str, *, multiple: bool) -> None:

@@ -9,7 +9,7 @@ when it leaves (the copies it held go back to the queue first).
 
 A received copy is held, unacked, until its ``x-deliver-at`` (a wait on the relay's
 stop event, never a blocking sleep), then republished to its ``x-origin-topic``
-(:func:`streamapp.engine.chain.republished`: ``x-deliver-at`` and ``x-origin-topic``
+(:func:`streamapp.retry_chain.republished`: ``x-deliver-at`` and ``x-origin-topic``
 dropped, every other header kept) with routing key = the queue's partition, through the
 worker's confirmed sink, and acked only once the broker confirmed it. A crash between
 the confirm and the ack republishes it again: at least once (the per-stream version
@@ -33,11 +33,11 @@ from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
-from ..app import TopicPlan
-from ..engine import chain
+from .. import retry_chain as chain
 from ..engine.pace import Pace, pause
 from ..errors import SourceError
 from ..settings import Settings
+from ..topics import TopicPlan
 from .connection import connect
 from .sink import RabbitSink
 from .topology import queue_name
@@ -57,11 +57,45 @@ class RabbitRelay:
         self.held = 0
         """Copies received and not yet republished (waiting for their due time)."""
         self.relayed = 0
+        self.held_per_queue: dict[str, int] = {}
+        """Copies held per partition queue (``/status``, ``/metrics``)."""
+        self.ready: dict[str, int] = {}
+        """Ready (not yet received) copies per partition queue, as last probed."""
         self._connection: AbstractRobustConnection | None = None
         self._channels: list[AbstractChannel] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._failed: asyncio.Future[None] | None = None
+
+    @property
+    def held_copies(self) -> int:
+        """Copies received and waiting for their due time (metrics)."""
+        return self.held
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Copies not republished yet per retry or delay topic partition: those held
+        (unacked) plus the queue's ready ones (as of the last probe, once a second)."""
+        return {
+            (name.rsplit(".", 1)[0], p): self.held_per_queue.get(name, 0) + self.ready.get(name, 0)
+            for name, p in self.queues
+        }
+
+    async def _probe(self) -> None:
+        """Every second, each relayed queue's ready messages (a passive declare on a
+        channel of its own: a failed probe never closes a consuming channel)."""
+        assert self._connection is not None
+        channel = await self._connection.channel()
+        while not self._stop.is_set():
+            for name, _ in self.queues:
+                try:
+                    underlay = await channel.get_underlay_channel()  # aio-pika caches a
+                    declared = await underlay.queue_declare(name, passive=True)  # passive one
+                    self.ready[name] = declared.message_count or 0
+                except Exception as exc:  # gone, or the connection is down: next time
+                    log.debug("relay: depth of %s: %r", name, exc)
+                    if channel.is_closed:
+                        channel = await self._connection.channel()
+            await pause(self._stop, 1.0)
 
     async def start(self) -> None:
         """Connect and consume every retry and delay partition queue."""
@@ -75,6 +109,9 @@ class RabbitRelay:
             underlay.on_consumer_cancel_callbacks.add(self._on_cancel(name))
             queue = await channel.declare_queue(name, passive=True)
             await queue.consume(self._on_message(name, p), no_ack=False)
+        probe = asyncio.create_task(self._probe(), name="relay queue depths")
+        self._tasks.add(probe)
+        probe.add_done_callback(self._tasks.discard)
         log.info("relay started on %d queues", len(self.queues))
 
     async def stop(self) -> None:
@@ -135,6 +172,7 @@ class RabbitRelay:
             )
             return
         self.held += 1
+        self.held_per_queue[queue] = self.held_per_queue.get(queue, 0) + 1
         try:
             due_s = (chain.due_ms(headers) or 0) / 1000
             await pause(self._stop, due_s - time.time())
@@ -158,6 +196,7 @@ class RabbitRelay:
                 return
         finally:
             self.held -= 1
+            self.held_per_queue[queue] -= 1
 
 
 def _alive(message: AbstractIncomingMessage) -> bool:

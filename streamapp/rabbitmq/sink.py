@@ -16,22 +16,36 @@ from typing import cast
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aio_pika.exceptions import DeliveryError
+from aio_pika.exceptions import PublishError as Returned
+from aiormq.exceptions import ChannelNotFoundEntity
 
+from ..engine.interfaces import SinkMetrics
+from ..engine.metrics import NO_SINK_METRICS
 from ..errors import PublishError
 from ..partitioner import partition_for
+from ..records import Message, Receipt
+from ..reserved import refuse_headers
 from ..settings import Settings
-from ..sink import Message, Receipt
 from .connection import connect
 from .wire import to_properties
 
 
 class RabbitSink:
-    """Publishes to the app's exchanges; a publish returns once the broker confirmed it."""
+    """Publishes to the app's exchanges; a publish returns once the broker confirmed it.
+    ``metrics`` counts the messages not confirmed, per exchange and outcome (returned,
+    nacked, timed_out, failed)."""
 
     def __init__(
-        self, settings: Settings, partitions: Mapping[str, int], *, timeout_s: float | None = None
+        self,
+        settings: Settings,
+        partitions: Mapping[str, int],
+        *,
+        timeout_s: float | None = None,
+        metrics: SinkMetrics = NO_SINK_METRICS,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.partitions = dict(partitions)
         """Partition count of each topic this sink may publish to."""
         self.timeout_s = settings.publish_timeout_s if timeout_s is None else timeout_s
@@ -71,7 +85,9 @@ class RabbitSink:
         partition: int | None = None,
     ) -> None:
         """Publish and wait for the broker's confirm. PublishError when the message is
-        returned (no queue bound), nacked, or not confirmed within ``timeout_s``."""
+        returned (no queue bound), nacked, or not confirmed within ``timeout_s``;
+        ReservedNameError for a chain or ``streamapp-`` header (:mod:`streamapp.reserved`)."""
+        refuse_headers(headers, f"publish to exchange {topic!r}")
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._ready()
@@ -79,6 +95,7 @@ class RabbitSink:
         except PublishError:
             raise
         except Exception as exc:
+            self.metrics.publish_failed("rabbitmq", topic, _outcome(exc))
             raise self._error(topic, self._route(topic, key, partition), exc) from exc
 
     async def publish_many(self, messages: Sequence[Message]) -> list[Receipt]:
@@ -89,6 +106,8 @@ class RabbitSink:
         try:
             await asyncio.wait_for(self._ready(), self.timeout_s)
         except Exception as exc:
+            for m in messages:
+                self.metrics.publish_failed("rabbitmq", m.topic, _outcome(exc))
             raise PublishError(f"no RabbitMQ channel to publish on: {exc!r}") from exc
         bound = self.timeout_s * (1 + len(messages) // 1000)  # each one's, from now
         sends = [
@@ -118,14 +137,19 @@ class RabbitSink:
             if failed:
                 failed[0].result()  # raises the first failure
         except BaseException as exc:
+            unconfirmed = left  # before the cancels below count themselves done
+            if isinstance(exc, TimeoutError):  # the sends still waiting: no confirm came
+                for m, send in zip(messages, sends, strict=True):
+                    if not send.done():
+                        self.metrics.publish_failed("rabbitmq", m.topic, "timed_out")
             for send in sends:
                 send.cancel()
             await asyncio.gather(*sends, return_exceptions=True)
             if isinstance(exc, PublishError | asyncio.CancelledError):
                 raise
             raise PublishError(
-                f"batch of {len(messages)} messages: {left} not confirmed, none for "
-                f"{self.timeout_s:.0f}s (setting publish_timeout_s): {exc!r}"
+                f"batch of {len(messages)} messages: {unconfirmed} not confirmed, none for "
+                f"{self.timeout_s:g}s (setting publish_timeout_s): {exc!r}"
             ) from exc
         return [Receipt(m.topic, s.result()) for m, s in zip(messages, sends, strict=True)]
 
@@ -157,9 +181,13 @@ class RabbitSink:
                 timeout=timeout_s or self.timeout_s,
                 wait=False,
             )
-        except (PublishError, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            raise
+        except PublishError:
+            self.metrics.publish_failed("rabbitmq", topic, "failed")
             raise
         except Exception as exc:
+            self.metrics.publish_failed("rabbitmq", topic, _outcome(exc))
             raise self._error(topic, routing, exc) from exc
         return routing
 
@@ -175,9 +203,6 @@ class RabbitSink:
         return 0 if key is None else partition_for(key, n)
 
     def _error(self, topic: str, routing: int, exc: BaseException) -> PublishError:
-        from aio_pika.exceptions import DeliveryError
-        from aio_pika.exceptions import PublishError as Returned
-        from aiormq.exceptions import ChannelNotFoundEntity
 
         where = f"exchange {topic!r} routing key {str(routing)!r}"
         if isinstance(exc, Returned):
@@ -190,7 +215,18 @@ class RabbitSink:
         elif isinstance(exc, ChannelNotFoundEntity):
             why = "the exchange does not exist; create it with `streamapp topics create`"
         elif isinstance(exc, TimeoutError):
-            why = f"not confirmed within {self.timeout_s:.0f}s (setting publish_timeout_s)"
+            why = f"not confirmed within {self.timeout_s:g}s (setting publish_timeout_s)"
         else:
             why = f"failed: {exc!r}"
         return PublishError(f"publish to {where} {why}; the outcome is unknown, publish again")
+
+
+def _outcome(exc: BaseException) -> str:
+    """The metrics' outcome of a publish error (``PUBLISH_OUTCOMES``, engine/metrics)."""
+    if isinstance(exc, Returned):
+        return "returned"
+    if isinstance(exc, DeliveryError):
+        return "nacked"
+    if isinstance(exc, TimeoutError):
+        return "timed_out"
+    return "failed"

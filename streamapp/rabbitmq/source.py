@@ -1,7 +1,7 @@
 """RabbitMQ source: consumes the partition queues this worker owns, one task each.
 
 At start it checks the topology (passive declares: a missing exchange or queue is named,
-with the command that makes it), then joins the app's group (:mod:`.membership`: the
+with the command that makes it), then joins the app's group (:mod:`.members`: the
 protocol over RabbitMQ, or the partitions pinned by setting ``amqp_partitions``) and
 starts a :class:`~streamapp.engine.task.PartitionTask` per partition it takes, over a
 :class:`RabbitPartitionPort`. There is no changelog on RabbitMQ: a partition's state is
@@ -27,24 +27,29 @@ from collections.abc import Callable
 
 from aio_pika.abc import AbstractRobustConnection
 
-from ..agent import Agent, TopicSpec
+from ..agent import Agent
 from ..app import App
+from ..codecs import amqp as codec
 from ..engine.assignment import Assignment
-from ..engine.delivery import Delivery, Message
-from ..engine.metrics import NO_METRICS, TaskMetrics
+from ..engine.factory import TaskFactory
+from ..engine.interfaces import TaskMetrics
+from ..engine.metrics import NO_METRICS
 from ..engine.parking import parker
-from ..engine.task import HistoryFeed, PartitionTask, TaskConfig
+from ..engine.replay import HistoryFeed
+from ..engine.served import local_tables
+from ..engine.task import PartitionTask
+from ..engine.task_config import TaskConfig
 from ..errors import SourceError
 from ..events import Event
-from ..repartition import refuse_broker
+from ..records import Delivery, DeliveryRecord
 from ..settings import Settings
 from ..tables.store import Store, rocks_opener
-from . import codec
-from .connection import connect, safe_url
-from .membership import Membership, Partitions, RabbitMembership, StaticMembership
+from ..topics import TopicSpec
+from .connection import connect, safe_url, with_startup_retry
+from .members import Membership, Partitions, RabbitMembership, StaticMembership
 from .port import RabbitPartitionPort
 from .sink import RabbitSink
-from .topology import check_topology, queue_name
+from .topology import chain_queue_counts, check_topology, queue_name
 
 log = logging.getLogger("streamapp.rabbitmq")
 
@@ -68,7 +73,6 @@ class RabbitSource:
         views_url: Callable[[], str | None] = lambda: None,
         metrics: TaskMetrics = NO_METRICS,
     ) -> None:
-        refuse_broker(app.agents.values(), "rabbitmq")
         self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
         self.history, self.metrics = history, metrics
         self.member_id = member_id or f"{socket.gethostname()}:{os.getpid()}"
@@ -77,7 +81,17 @@ class RabbitSource:
         self.assignment = Assignment(app)
         self.ports: dict[tuple[str, int], RabbitPartitionPort] = {}
         self._topics = app.sources
-        self._config = dataclasses.replace(TaskConfig.from_settings(settings), replay_on_open=True)
+        self._factory = TaskFactory(
+            config=dataclasses.replace(TaskConfig.from_settings(settings), replay_on_open=True),
+            decode=decode,
+            park=lambda agent, name: parker(self.sink, agent, name),
+            history=history,
+            metrics=metrics,
+            encode=codec.encode,
+            publish=self.sink.publish_many,
+            locate=self.assignment.read_store,
+            on_fatal=self._fail,
+        )
         self._connection: AbstractRobustConnection | None = None
         self._failed: asyncio.Future[None] | None = None
         self._stopping = False
@@ -89,7 +103,14 @@ class RabbitSource:
         self._connection = await connect(self.settings, "RabbitMQ source", robust=robust)
         if not robust:
             self._connection.close_callbacks.add(self._connection_lost)
-        await check_topology(self._connection, self.app, self.app_ref, self.settings.delayed_policy)
+        connection, policy = self._connection, self.settings.delayed_policy
+        await with_startup_retry(  # a topology made meanwhile (topics create) is waited for
+            self.settings,
+            "RabbitMQ topology check",
+            lambda: check_topology(connection, self.app, self.app_ref, policy),
+        )
+        counts = await chain_queue_counts(connection, self.app, policy)
+        self.sink.partitions.update(counts)  # dead letters and parks routed over their queues
         if self.settings.owned_partitions() is not None:
             self.membership = StaticMembership(self.app, self.settings)
         else:
@@ -100,6 +121,7 @@ class RabbitSource:
                 self.member_id,
                 self._views_url,
                 on_change=self._settled,
+                tables=lambda: local_tables(self.assignment, self.member_id),
             )
             self.assignment.directory = group
             self.membership = group
@@ -164,7 +186,7 @@ class RabbitSource:
         assert self._connection is not None
         task: PartitionTask
 
-        def feed(deliveries: list[Message]) -> bool:
+        def feed(deliveries: list[DeliveryRecord]) -> bool:
             if not task.accepting:
                 return False
             task.feed(deliveries)
@@ -182,21 +204,8 @@ class RabbitSource:
             app_ref=self.app_ref,
         )
         self.ports[(topic, p)] = port
-        task = PartitionTask(
-            self.app.agents_of(topic),
-            p,
-            port,
-            name=name,
-            config=self._config,
-            decode=decode,
-            park=lambda agent: parker(self.sink, agent, name),
-            open_store=open_store,
-            history=self.history,
-            encode=codec.encode,
-            publish=self.sink.publish_many,
-            on_fatal=self._fail,
-            locate=self.assignment.read_store,
-            metrics=self.metrics,
+        task = self._factory.create(
+            self.app.agents_of(topic), p, port, name=name, open_store=open_store
         )
         port.on_renewed = task.recheck
         return task

@@ -18,10 +18,12 @@ Classic queues: quorum queues on RabbitMQ 4 drop a message after 20 redeliveries
 declared with ``x-delivery-limit`` (PITFALLS.md); a quorum option must declare it.
 
 The app's workers form their group over the durable fanout exchange ``{app}-members``
-(:mod:`.membership`), made here too.
+(:mod:`.members`), made here too.
 
-Only ``streamapp topics create`` declares; a worker checks with passive declares and
-names what is missing and the command that makes it.
+Dead-letter and parking topics may have any number of partition queues (made by hand,
+e.g. one): the worker counts them (:func:`chain_queue_counts`) and the sink routes
+copies by key over those. Only ``streamapp topics create`` declares; a worker checks
+with passive declares and names what is missing and the command that makes it.
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ from typing import Any
 from aio_pika.abc import AbstractConnection, ExchangeType
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from ..app import App, TopicPlan, TopicRole
+from ..app import App
 from ..errors import ConfigError, MissingTopicError
-from ..repartition import refuse_broker
 from ..settings import Settings
+from ..topics import TopicPlan, TopicRole
 from .connection import connect
-from .membership import members_exchange
+from .members import members_exchange
 
 log = logging.getLogger("streamapp.rabbitmq")
 
@@ -60,15 +62,15 @@ def plans(app: App, delayed_policy: str = "immediate") -> list[TopicPlan]:
 
 async def create_topology(app: App, settings: Settings) -> list[str]:
     """Declare every exchange and partition queue of the app that is missing; returns the
-    topics that had something missing. Refuses an app with a re-keyed agent."""
-    refuse_broker(app.agents.values(), "rabbitmq")
+    topics that had something missing (``streamapp topics create`` refused an app that
+    RabbitMQ cannot run before: :func:`streamapp.transport.refuse_unsupported`)."""
     connection = await connect(settings)
     created: list[str] = []
     try:
         for plan in plans(app, settings.delayed_policy):
             missing = await _missing(connection, plan)
-            if not missing:
-                continue
+            if not missing or (plan.role in ANY_COUNT and await _has_one(connection, plan)):
+                continue  # a dead-letter or parking topic made with fewer queues is kept
             channel = await connection.channel()
             exchange = await channel.declare_exchange(plan.name, ExchangeType.DIRECT, durable=True)
             for p in range(plan.partitions):
@@ -102,17 +104,62 @@ async def check_topology(
     if not await _exists(connection, exchange=members):
         missing.append(f"exchange {members}")
     for plan in plans(app, delayed_policy):
+        if plan.role in ANY_COUNT:  # checked by chain_queue_counts
+            continue
         missing += await _missing(connection, plan)
         extra = queue_name(plan.name, plan.partitions)
         if await _exists(connection, queue=extra):
             raise ConfigError(
                 f"queue {extra!r} exists but topic {plan.name!r} is declared with "
                 f"{plan.partitions} partitions: the partition counts must match (routing is "
-                "by partition number). Delete the topic's exchange and queues, or declare "
-                "the partition count they were made with."
+                "by partition number). Declare the partition count they were made with, or "
+                "re-partition: stop every worker of the app, run `streamapp reset -A "
+                f"{app_ref} --yes` (the state is split by the old count), delete the topic's "
+                "exchange and queues, make them with `STREAMAPP_BROKER=rabbitmq streamapp "
+                f"topics create -A {app_ref}`, and start again."
             )
+    for plan in plans(app, delayed_policy):
+        if plan.role in ANY_COUNT:  # at least one partition queue
+            if not await _exists(connection, exchange=plan.name):
+                missing.append(f"exchange {plan.name}")
+            if not await _exists(connection, queue=queue_name(plan.name, 0)):
+                missing.append(f"queue {queue_name(plan.name, 0)}")
     if missing:
-        raise MissingTopicError(missing, app_ref, broker="rabbitmq")
+        raise MissingTopicError(  # names are "exchange X" / "queue X.p"
+            missing,
+            app_ref,
+            message=f"{', '.join(sorted(missing))} missing on RabbitMQ; streamapp never "
+            "auto-creates them. Create them with `STREAMAPP_BROKER=rabbitmq streamapp topics "
+            f"create -A {app_ref}`.",
+        )
+
+
+ANY_COUNT = (TopicRole.DEAD_LETTER, TopicRole.PARKING)
+"""Roles whose topics may have any number of partition queues: nothing reads them by
+partition number, copies are routed by key over the queues they have."""
+
+
+async def chain_queue_counts(
+    connection: AbstractConnection, app: App, delayed_policy: str = "immediate"
+) -> dict[str, int]:
+    """The partition queues each dead-letter and parking topic has (``T.0`` .. up to the
+    first missing one), for the sink's routing. Retry and delay topics keep the source's
+    count (:func:`check_topology`)."""
+    counts: dict[str, int] = {}
+    for plan in plans(app, delayed_policy):
+        if plan.role not in ANY_COUNT:
+            continue
+        n = 0
+        while await _exists(connection, queue=queue_name(plan.name, n)):
+            n += 1
+        counts[plan.name] = max(n, 1)
+    return counts
+
+
+async def _has_one(connection: AbstractConnection, plan: TopicPlan) -> bool:
+    """The topic's exchange and its first partition queue exist."""
+    exchange = await _exists(connection, exchange=plan.name)
+    return exchange and await _exists(connection, queue=queue_name(plan.name, 0))
 
 
 async def _missing(connection: AbstractConnection, plan: TopicPlan) -> list[str]:

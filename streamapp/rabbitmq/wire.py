@@ -2,7 +2,7 @@
 
 A message's key (the stream id, what Kafka keeps as the record key) travels as the
 ``streamapp-key`` header; the ``content_type`` property is the pseudo-header
-``content-type`` (see :mod:`streamapp.rabbitmq.codec`). Header values are sent as
+``content-type`` (see :mod:`streamapp.codecs.amqp`). Header values are sent as
 strings when they are UTF-8 text, else as byte arrays, and read back as bytes.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from aio_pika import DeliveryMode, Message
 from aiormq import spec
 
-from .codec import CONTENT_TYPE, PREFIXES
+from ..codecs.amqp import CONTENT_TYPE, PREFIXES
 
 KEY_HEADER = "streamapp-key"
 PERSISTENT = int(DeliveryMode.PERSISTENT)

@@ -11,8 +11,9 @@ batch from an abandoned one.
 Since format 2, one changelog per agent holds all of the agent's tables, so one
 partition's state (tables, per-stream versions, checkpoint) is one ordered log. Record
 keys carry a one-byte tag so that compaction keeps each kind apart:
-``b"d" + table + b"\\0" + key`` data (a null value deletes), ``b"v" + stream id`` the last
-applied stream version (8 bytes, big-endian), ``b"c"`` the checkpoint (JSON).
+``b"d" + table + b"\\0" + key`` data (a null value deletes; ``table`` is its label,
+``name@vN`` above version 1), ``b"v" + stream id`` the last applied stream version
+(8 bytes, big-endian), ``b"c"`` the checkpoint (JSON).
 """
 
 from __future__ import annotations
@@ -26,11 +27,6 @@ DATA = b"d"
 VERSION = b"v"
 CHECKPOINT = b"c"
 SEP = b"\x00"
-
-
-def changelog_topic(app_id: str, agent: str) -> str:
-    """The compacted changelog topic of ``agent``'s tables."""
-    return f"{app_id}-{agent}-changelog"
 
 
 def records(batch: BatchChanges) -> Iterator[tuple[bytes, bytes | None]]:
@@ -49,12 +45,14 @@ class RestoreChunk:
     carry. Unknown tables and tags are counted, not applied (a table removed since)."""
 
     def __init__(self, tables: PartitionTables) -> None:
-        self._spaces = {t.name.encode(): t.data_space for t in tables.tables}
+        self._spaces = {t.label.encode(): t.data_space for t in tables.tables}
         self.changes: dict[str, dict[bytes, bytes | None]] = {VERSIONS: {}}
         self.checkpoint: bytes | None = None
+        self.checkpoint_offset = -1
         self.skipped = 0
 
-    def apply(self, key: bytes | None, value: bytes | None) -> None:
+    def apply(self, key: bytes | None, value: bytes | None, offset: int = -1) -> None:
+        """Take the record at changelog ``offset``."""
         key = key or b""
         tag = key[:1]
         if tag == DATA:
@@ -67,7 +65,7 @@ class RestoreChunk:
         elif tag == VERSION:
             self.changes[VERSIONS][key[1:]] = value
         elif tag == CHECKPOINT and value is not None:
-            self.checkpoint = value
+            self.checkpoint, self.checkpoint_offset = value, offset
         else:
             self.skipped += 1
 
@@ -75,7 +73,7 @@ class RestoreChunk:
         """Write the chunk with the checkpoint it reached (blocking, atomic)."""
         cp: Checkpoint = tables.checkpoint
         if self.checkpoint is not None:
-            cp = cp.with_positions(self.checkpoint)
+            cp = cp.with_positions(self.checkpoint, self.checkpoint_offset)
         cp = cp.advanced(changelog=changelog)
         self.changes[META] = {CHECKPOINT_KEY: cp.encode()}
         tables.store.write(self.changes)

@@ -3,7 +3,7 @@ shared by every partition store the process opens.
 
 Without them each store's column families keep their own 64 MB memtables and 8 MB block
 cache: a worker with eight partition stores grew by the size of every write until those
-memtables filled (README: Memory). Here, as in Kafka Streams' bounded-memory RocksDB
+memtables filled (docs/settings.md: Memory). Here, as in Kafka Streams' bounded-memory RocksDB
 config, memtables are charged to the one block cache of ``memory_limit_mb`` bytes, so
 RocksDB's blocks, index and filter blocks and memtables together stay near that size,
 and small per-column-family write buffers make memtables flush early.

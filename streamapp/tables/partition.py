@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, new_mark
 from .store import Changes, Store
 from .table import Table, TableView
 
@@ -70,7 +70,7 @@ class PartitionTables:
         self.views: list[TableView[Any]] = [
             TableView(t, store, partition, partitions) for t in tables
         ]
-        self._views_by_name = {view.table.name: view for view in self.views}
+        self._views_by_label = {view.table.label: view for view in self.views}
         self.checkpoint = Checkpoint.decode(store.get(META, CHECKPOINT_KEY), where)
         self._vbatch: dict[str, int] = {}
         self._vevent: dict[str, int] = {}
@@ -95,8 +95,8 @@ class PartitionTables:
         self._vevent[stream_id] = version
 
     def view(self, table: str) -> TableView[Any]:
-        """This partition's view of ``table``."""
-        return self._views_by_name[table]
+        """This partition's view of the table labelled ``table`` (``Table.label``)."""
+        return self._views_by_label[table]
 
     def commit_event(self) -> None:
         for view in self.views:
@@ -111,10 +111,12 @@ class PartitionTables:
         self._vevent.clear()
 
     def take_batch(self, checkpoint: Checkpoint) -> BatchChanges:
-        """The open batch's changes, to hold with ``checkpoint`` (the overlays are emptied)."""
+        """The open batch's changes, to hold with ``checkpoint`` under a fresh mark (the
+        overlays are emptied)."""
         versions = {sid.encode(): version for sid, version in self._vbatch.items()}
         self._vbatch = {}
-        data = {view.table.name: view._take_batch() for view in self.views}
+        data = {view.table.label: view._take_batch() for view in self.views}
+        checkpoint = checkpoint.advanced(mark=new_mark())
         return BatchChanges(data=data, versions=versions, checkpoint=checkpoint)
 
     def drop_batch(self) -> None:
@@ -128,7 +130,7 @@ class PartitionTables:
     def store_changes(self, batch: BatchChanges, checkpoint: Checkpoint) -> Changes:
         """The atomic store write for ``batch`` with ``checkpoint``."""
         changes: dict[str, dict[bytes, bytes | None]] = {
-            table.data_space: batch.data.get(table.name, {}) for table in self.tables
+            table.data_space: batch.data.get(table.label, {}) for table in self.tables
         }
         changes[VERSIONS] = {k: encode_version(v) for k, v in batch.versions.items()}
         changes[META] = {CHECKPOINT_KEY: checkpoint.encode()}
@@ -137,11 +139,19 @@ class PartitionTables:
     def write(self, batch: BatchChanges, changelog: int | None = None) -> None:
         """Write ``batch`` and its checkpoint in one atomic store write (blocking).
 
-        ``changelog`` is the next changelog offset once the batch is in the changelog.
+        ``changelog`` is the next changelog offset once the batch is in the changelog:
+        its checkpoint record, the batch's last, is at ``changelog - 1``. Without it the
+        store keeps the mark of the last batch that reached a changelog.
         """
-        checkpoint = batch.checkpoint.advanced(
-            changelog=self.checkpoint.changelog if changelog is None else changelog,
-            written_ms=int(time.time() * 1000),
-        )
+        now = int(time.time() * 1000)
+        if changelog is None:
+            cp = self.checkpoint
+            checkpoint = batch.checkpoint.advanced(
+                changelog=cp.changelog, written_ms=now, mark=cp.mark, marked=cp.marked
+            )
+        else:
+            checkpoint = batch.checkpoint.advanced(
+                changelog=changelog, written_ms=now, marked=changelog - 1
+            )
         self.store.write(self.store_changes(batch, checkpoint))
         self.checkpoint = checkpoint

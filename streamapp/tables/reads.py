@@ -7,7 +7,8 @@ that partition's store on this worker (never the owner's open batch). Partition 
 co-partitioned topics is owned by the same worker (Kafka's range assignor, which a
 worker uses when an agent reads another's table; RabbitMQ's membership gives partition
 ``p`` of every topic to one member); when the partition is not live here right now
-(restoring, catching up, moving, owned elsewhere), a read raises
+(restoring, catching up, moving, owned elsewhere), or its store fails (a corrupt block:
+its owner rebuilds it), a read raises
 :class:`~streamapp.errors.TableUnavailableError` and the event is UNAVAILABLE: tried
 again after a pause, not counted as a failure. A table of another agent of the same
 topic is read in the same partition task, whatever its phase.
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Generic
 
-from ..errors import ForeignKeyError, StoreClosedError, TableUnavailableError
+from ..errors import ForeignKeyError, StoreClosedError, StoreError, TableUnavailableError
 from ..partitioner import partition_for
 from .store import Store
 from .table import Table, V, scan
@@ -45,6 +46,9 @@ class ReadView(Generic[V]):
     def __getitem__(self, key: str) -> V:
         raw = self._raw(key)
         if raw is None:
+            default = self.table.default
+            if default is not None:
+                return default()
             raise KeyError(key)
         return self.codec.loads(raw)
 
@@ -75,19 +79,21 @@ class ReadView(Generic[V]):
         store = self._locate(self.table, self.partition)
         try:
             return store.get(self.table.data_space, raw)
-        except StoreClosedError as exc:  # revoked between the lookup and the read
+        except (StoreClosedError, StoreError) as exc:  # revoked meanwhile, or damaged
             raise self._closed(exc) from exc
 
     def _scan(self, prefix: bytes, after: bytes | None, page: int) -> list[tuple[bytes, bytes]]:
         store = self._locate(self.table, self.partition)
         try:
             return scan(store, self.table.data_space, prefix=prefix, after=after, limit=page)
-        except StoreClosedError as exc:
+        except (StoreClosedError, StoreError) as exc:
             raise self._closed(exc) from exc
 
-    def _closed(self, exc: StoreClosedError) -> TableUnavailableError:
+    def _closed(self, exc: Exception) -> TableUnavailableError:
+        """A store closed under the read, or failing (its owner task, told by the store,
+        rebuilds a corrupt one): the event waits, as for a partition not served here."""
         return TableUnavailableError(
-            f"table {self.table.name!r} partition {self.partition} was closed: {exc}"
+            f"table {self.table.name!r} partition {self.partition} cannot be read now: {exc}"
         )
 
     def __repr__(self) -> str:

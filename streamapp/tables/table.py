@@ -8,9 +8,11 @@ in one atomic write together with the checkpoint (see :mod:`streamapp.tables.par
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
+import msgspec
 import orjson
 
 from ..errors import ForeignKeyError
@@ -39,22 +41,102 @@ class JsonCodec:
         return orjson.loads(raw)
 
 
-class Table(Generic[V]):
-    """A named table; its partition count is its source topic's."""
+class StructCodec(Generic[V]):
+    """Typed values (``Table(..., value_type=T)``) encoded by msgspec: msgpack (compact,
+    the default) or JSON. Decoding checks the type; views answer them as JSON."""
 
-    def __init__(self, name: str, *, codec: ValueCodec[V] | None = None, help: str = "") -> None:
+    def __init__(self, value_type: type[V], encoding: str = "msgpack") -> None:
+        if encoding == "msgpack":
+            self.dumps: Callable[[V], bytes] = msgspec.msgpack.Encoder().encode
+            self.loads: Callable[[bytes], V] = msgspec.msgpack.Decoder(value_type).decode
+        elif encoding == "json":
+            self.dumps = msgspec.json.Encoder().encode
+            self.loads = msgspec.json.Decoder(value_type).decode
+        else:
+            raise ValueError(f"encoding={encoding!r}: give 'msgpack' or 'json'")
+        self.value_type, self.encoding = value_type, encoding
+        schema = msgspec.json.schema(value_type)
+        self.schema: dict[str, Any] = schema
+        """The value's JSON schema (what /openapi.json shows)."""
+        digest = hashlib.sha256(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        name = getattr(value_type, "__qualname__", repr(value_type))
+        self.tag = f"{name}/{encoding}/{digest[:12]}"
+        """The value type as the store's provenance records it: its name, encoding and
+        schema (a change of any of them is a new table version)."""
+
+
+class Table(Generic[V]):
+    """A named table; its partition count is its source topic's.
+
+    ``version`` (default 1) is part of the table's identity, ``(name, version)``: a new
+    version of a projection is another table, written by another agent beside the old
+    one (each agent keeps its own stores and changelog), with its own data space in
+    them. Version 1 keeps the names of a table without a version (no migration).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        version: int = 1,
+        value_type: type[V] | None = None,
+        default: Callable[[], V] | None = None,
+        encoding: str = "msgpack",
+        codec: ValueCodec[V] | None = None,
+        help: str = "",
+    ) -> None:
         if not name or not all(c.isalnum() or c in "._-" for c in name):
             raise ValueError(f"table name {name!r}: use letters, digits, '.', '_' or '-'")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(
+                f"table {name!r}: version={version!r}; give a whole number, at least 1 "
+                "(1 is the first version; a changed projection is the next one)"
+            )
         self.name = name
+        self.version = version
+        self.value_type = value_type
+        if value_type is not None:
+            if codec is not None:
+                raise ValueError(f"table {name!r}: give value_type= or codec=, not both")
+            try:
+                codec = StructCodec(value_type, encoding)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"table {name!r}: value_type={value_type!r} cannot be stored: {exc} (use "
+                    "a msgspec.Struct, a dataclass, or a type msgspec encodes)"
+                ) from None
+        if default is not None and not callable(default):
+            raise ValueError(
+                f"table {name!r}: default={default!r} is not callable; give a factory "
+                "(default=int, default=lambda: Balance(0))"
+            )
+        self.default = default
+        """Makes the value of a missing key for ``view[key]`` (not stored until written)."""
         self.codec: ValueCodec[V] = codec if codec is not None else JsonCodec()
         self.help = help
 
     @property
+    def label(self) -> str:
+        """``name`` for version 1, ``name@vN`` above it: the table's identity in logs,
+        metrics, errors, its data space and its changelog records."""
+        return self.name if self.version == 1 else f"{self.name}@v{self.version}"
+
+    @property
+    def identity(self) -> str:
+        """What the store's provenance records of the table: its label, and its value type
+        for a typed table (``label:Type/encoding/schema``), so that a store of another
+        value type is refused, never misread."""
+        tag = getattr(self.codec, "tag", None)
+        return self.label if tag is None else f"{self.label}:{tag}"
+
+    @property
     def data_space(self) -> str:
-        return "t:" + self.name
+        return "t:" + self.label
 
     def __repr__(self) -> str:
-        return f"Table({self.name!r})"
+        if self.version == 1:
+            return f"Table({self.name!r})"
+        return f"Table({self.name!r}, version={self.version})"
 
 
 def scan(
@@ -125,6 +207,9 @@ class TableView(Generic[V]):
     def __getitem__(self, key: str) -> V:
         raw = self._raw(key.encode())
         if raw is None:
+            default = self.table.default
+            if default is not None:
+                return default()
             raise KeyError(key)
         loaded: V = self._loads(raw)
         return loaded
@@ -151,7 +236,7 @@ class TableView(Generic[V]):
         owner = partition_for(raw, self._partitions)
         if owner != self.partition:
             raise ForeignKeyError(
-                f"table {self.table.name!r}: key {key!r} belongs to partition {owner}, but this "
+                f"table {self.table.label!r}: key {key!r} belongs to partition {owner}, but this "
                 f"event is handled in partition {self.partition}. A table is partitioned like "
                 "its source: write only keys of the event's own stream id (re-key the source "
                 "so that the key is the stream id)."

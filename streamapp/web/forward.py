@@ -1,8 +1,9 @@
 """Forwarding a key's request to the worker that owns its partition.
 
-The owner's answer is passed back as it is (status, JSON body, ``Retry-After`` and
-``X-Streamapp-*`` headers), with ``X-Streamapp-Forwarded-To`` naming the owner. The
-caller's ``Authorization`` goes along. A forwarded request is never forwarded again:
+The owner's answer is passed back as it is (status, JSON body, ``Retry-After``,
+``Streamapp-Table-Version`` and ``X-Streamapp-*`` headers), with
+``X-Streamapp-Forwarded-To`` naming the owner. The caller's ``Authorization`` goes
+along. A forwarded request is never forwarded again:
 a worker that no longer owns the partition answers 421, which becomes 503 +
 Retry-After here (the directory is behind a rebalance), as does an owner that does not
 answer.
@@ -20,7 +21,7 @@ from .responses import unavailable
 
 FORWARDED = "X-Streamapp-Forwarded"
 SESSION = web.AppKey("forward_session", aiohttp.ClientSession)
-_PASSED = ("Content-Type", "Retry-After")
+_PASSED = ("Content-Type", "Retry-After", "Streamapp-Table-Version")
 
 
 async def session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -31,9 +32,12 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def forward(
-    request: web.Request, owner: str, partition: int, timeout_s: float
+    request: web.Request, owner: str, partition: int, timeout_s: float, *, version: int
 ) -> web.Response:
+    """``request`` asked of ``owner``, pinned to table ``version`` (the owner answers the
+    version this worker answers from, never another)."""
     url = URL(owner.rstrip("/") + request.raw_path, encoded=True)
+    url = url.update_query(version=str(version))
     return await _ask(request, owner, url, partition, timeout_s)
 
 

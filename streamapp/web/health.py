@@ -3,7 +3,10 @@
 ``/healthz`` says the process answers; ``/readyz`` says every assigned partition is
 restored, caught up and live and the group is not rebalancing (503 naming the partitions
 that are not, otherwise); ``/status`` is informational: partitions, phases, lag where the
-transport knows it, outcomes, and the catch-up progress of the event-store feed.
+transport knows it, outcomes, the catch-up progress of the event-store feed, and the last
+stall of the event loop (who blocked it, on which record, how long), the publishes each
+sink's broker did not confirm (``sinks``), the relays' held copies and lag (``relays``)
+and the retry chain's copies by ``x-retry-hop`` (``retry_hops``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ def add_routes(
     assignment: Assignment,
     worker_id: str,
     history: Callable[[], dict[str, object]] | None,
+    stall: Callable[[], dict[str, object] | None] = lambda: None,
+    operations: Callable[[], dict[str, object]] = dict,
 ) -> None:
+    """``operations``: the ``sinks``, ``relays`` and ``retry_hops`` sections of ``/status``
+    (:meth:`~streamapp.web.metrics.WorkerMetrics.operations`)."""
+
     async def healthz(request: web.Request) -> web.Response:
         return json_response({"status": "ok", "worker": worker_id})
 
@@ -33,6 +41,11 @@ def add_routes(
             "rebalancing": rebalancing,
             "partitions": len(assignment.tasks),
             "not_live": not_live,
+            "stuck_on": {
+                task.name: task.counts.stuck_on
+                for task in assignment.tasks.values()
+                if task.counts.stuck_on is not None
+            },
         }
         if body["ready"]:
             return json_response(body)
@@ -57,6 +70,8 @@ def add_routes(
                 },
                 "partitions": assignment.status(),
                 "history": history() if history is not None else None,
+                "last_loop_stall": stall(),
+                **operations(),
             }
         )
 

@@ -15,12 +15,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..engine.assignment import Assignment
+from ..engine.interfaces import RelayGauges
 from ..engine.phase import Phase
+from ..engine.stall import Stall
 from ..outcomes import Outcome
 from ..tables.memory import RocksMemory
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SIZES = (1, 5, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000)
+_STALL_SECONDS = (0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_HOPS = (1, 2, 3, 4, 5, 7, 10, 15, 20)
 _SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -112,6 +116,44 @@ class WorkerMetrics:
             registry=r,
         )
 
+        self.loop_stalls = Counter(
+            "streamapp_loop_stalls",
+            "Times the event loop did not run for longer than loop_stall_warn_ms (a "
+            "handler or other code blocked it), by the agent whose handler ran ('' none).",
+            ["agent"],
+            registry=r,
+        )
+        self.loop_stall_seconds = Histogram(
+            "streamapp_loop_stall_seconds",
+            "How long each such stall kept the event loop from running.",
+            buckets=_STALL_SECONDS,
+            registry=r,
+        )
+        self.last_stall: Stall | None = None
+        """The last stall that ended (``/status``: ``last_loop_stall``)."""
+
+        self.publish_failures = Counter(
+            "streamapp_publish_failures",
+            "Messages a sink published that the broker did not confirm, by sink kind "
+            "(kafka, rabbitmq), destination (topic or exchange) and outcome (failed, "
+            "returned, nacked, timed_out).",
+            ["sink", "destination", "outcome"],
+            registry=r,
+        )
+        self.sink_failures: dict[str, dict[str, dict[str, int]]] = {}
+        """The same counts for ``/status``: sink kind -> destination -> outcome -> n."""
+        self.retry_hops = Histogram(
+            "streamapp_retry_hop",
+            "x-retry-hop of the retry chain's committed copies, by agent and kind "
+            "(retried: the hop the copy starts; dead_lettered: the hops it made).",
+            ["agent", "kind"],
+            buckets=_HOPS,
+            registry=r,
+        )
+        self.hop_counts: dict[str, dict[str, dict[int, int]]] = {}
+        """The same for ``/status``: agent -> kind -> hop -> copies."""
+        self.relays: list[tuple[str, RelayGauges]] = []
+
     def watch(self, assignment: Assignment) -> None:
         """Report ``assignment``'s partitions (phase, lag, table sizes) at each scrape."""
         self.registry.register(_AssignmentCollector(assignment))
@@ -120,9 +162,63 @@ class WorkerMetrics:
         """Report the worker's RocksDB memory (setting ``memory_limit_mb``) at each scrape."""
         self.registry.register(_MemoryCollector(memory))
 
+    def watch_relay(self, kind: str, relay: RelayGauges) -> None:
+        """Report ``relay``'s held copies and retry-topic lag at each scrape and in
+        ``/status`` (``kind``: ``kafka`` or ``rabbitmq``)."""
+        if not self.relays:
+            self.registry.register(_RelayCollector(self.relays))
+        self.relays.append((kind, relay))
+
+    def relay_status(self) -> list[dict[str, object]]:
+        """``/status`` ``relays``: each relay's held copies and lag per partition."""
+        return [
+            {
+                "kind": kind,
+                "held_copies": relay.held_copies,
+                "lag": {f"{t}/{p}": n for (t, p), n in sorted(relay.lag().items())},
+            }
+            for kind, relay in self.relays
+        ]
+
+    def sink_status(self) -> dict[str, object]:
+        """``/status`` ``sinks``: publishes not confirmed, per sink kind and destination."""
+        return {
+            kind: {dest: dict(counts) for dest, counts in sorted(by_dest.items())}
+            for kind, by_dest in sorted(self.sink_failures.items())
+        }
+
+    def hop_status(self) -> dict[str, object]:
+        """``/status`` ``retry_hops``: committed chain copies per agent, kind and hop."""
+        return {
+            agent: {kind: {str(h): n for h, n in sorted(hops.items())} for kind, hops in k.items()}
+            for agent, k in sorted(self.hop_counts.items())
+        }
+
+    def operations(self) -> dict[str, object]:
+        """The ``sinks``, ``relays`` and ``retry_hops`` sections of ``/status``."""
+        return {
+            "sinks": self.sink_status(),
+            "relays": self.relay_status(),
+            "retry_hops": self.hop_status(),
+        }
+
+    # SinkMetrics ---------------------------------------------------------------------
+    def publish_failed(self, sink: str, destination: str, outcome: str, n: int = 1) -> None:
+        if n <= 0:
+            return
+        self.publish_failures.labels(sink, destination, outcome).inc(n)
+        counts = self.sink_failures.setdefault(sink, {}).setdefault(destination, {})
+        counts[outcome] = counts.get(outcome, 0) + n
+
     def render(self) -> bytes:
         """The registry in the Prometheus text format."""
         return generate_latest(self.registry)
+
+    def stalled(self, stall: Stall) -> None:
+        """A stall of the event loop ended (:class:`~streamapp.engine.stall.StallWatch`)."""
+        self.loop_stalls.labels(stall.agent or "").inc()
+        self.loop_stall_seconds.observe(stall.seconds)
+        self.last_stall = stall
 
     # TaskMetrics ---------------------------------------------------------------------
     def batch(
@@ -151,6 +247,13 @@ class WorkerMetrics:
 
     def chained(self, agent: str, kind: str, n: int) -> None:
         (self.retried if kind == "retried" else self.dead_lettered).labels(agent).inc(n)
+
+    def hop(self, agent: str, kind: str, hop: int, n: int) -> None:
+        histogram = self.retry_hops.labels(agent, kind)
+        for _ in range(n):
+            histogram.observe(hop)
+        hops = self.hop_counts.setdefault(agent, {}).setdefault(kind, {})
+        hops[hop] = hops.get(hop, 0) + n
 
     def restored(self, agent: str, records: int) -> None:
         self.restored_records.labels(agent).inc(records)
@@ -225,3 +328,31 @@ class _MemoryCollector(Collector):
         for part, value in self.memory.usage().items():
             gauge.add_metric([part], float(value))
         yield gauge
+
+
+class _RelayCollector(Collector):
+    """The relays' held copies and retry-topic lag, read when scraped."""
+
+    def __init__(self, relays: list[tuple[str, RelayGauges]]) -> None:
+        self.relays = relays
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily(
+            "streamapp_relay_held_copies",
+            "Retry and delay copies a relay holds, waiting for their x-deliver-at.",
+            labels=["relay"],
+        )
+        lag = GaugeMetricFamily(
+            "streamapp_relay_lag",
+            "Copies in a retry or delay topic partition not republished yet (Kafka).",
+            labels=["topic", "partition"],
+        )
+        for kind, relay in self.relays:
+            held.add_metric([kind], float(relay.held_copies))
+            for (topic, partition), n in sorted(relay.lag().items()):
+                lag.add_metric([topic, str(partition)], float(n))
+        yield held
+        yield lag

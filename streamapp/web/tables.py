@@ -1,19 +1,31 @@
 """Table endpoints: the app's tables, one key's value, a paginated scan.
 
 Every answer comes from committed state (the store), never an open batch. A key whose
-partition this worker owns but that is not live (restoring, catching up) gets 503 with
+partition this worker owns but that is not live (restoring, catching up), or whose store
+read failed (a corrupt block: the partition is rebuilt meanwhile), gets 503 with
 Retry-After; a key of another worker's partition is forwarded to its owner when the
 transport keeps a directory of owners (Kafka), else answered 421 naming the partition.
 
-- ``GET /tables``: tables, partition counts, and the partitions this worker owns.
+A table has versions (``Table(name, version=N)``); views answer from the table's active
+version (:mod:`streamapp.version_states`, as the members directory shows the group:
+:func:`streamapp.engine.served.group_states`), or from the version ``?version=N`` pins.
+Every answer to a key names the version that served it or would serve it, in the header
+:data:`VERSION_HEADER` (200s, 404s of a key, 503s). A key is forwarded to its owner
+with the version, and the owner answers that version, never another; a partition
+whose lane of that version is not live answers 503 + Retry-After.
+
+- ``GET /tables``: each table's versions with their states, partition counts, and the
+  partitions this worker owns.
 - ``GET /tables/{table}/{key}``: the value, plain JSON (a key of another worker's
-  partition is forwarded to it, :mod:`streamapp.web.forward`). ``?min_version=N`` waits
-  up to :data:`MIN_VERSION_WAIT_S` for the key's committed stream version to reach N (else
-  503). ``?meta=1`` wraps the value with its partition, phase, version and checkpoint;
-  the same facts are in ``X-Streamapp-*`` headers of every answer.
-- ``GET /tables/{table}?prefix=&limit=&cursor=``: the whole table, merged across the
-  workers, in partition then key order, a page at a time (partitions of other workers
-  are asked of their owners); ``cursor`` from the previous page continues.
+  partition is forwarded to it, :mod:`streamapp.web.forward`). ``?version=N`` pins a
+  version (404 naming the versions that exist when N is none of them).
+  ``?min_version=N`` waits up to :data:`MIN_VERSION_WAIT_S` for the key's committed
+  stream version to reach N (else 503). ``?meta=1`` wraps the value with its table
+  version, partition, phase, stream version and checkpoint; the same facts are in
+  ``X-Streamapp-*`` headers of every answer.
+- ``GET /tables/{table}?prefix=&limit=&cursor=``: the whole table (one version, as
+  above), merged across the workers, in partition then key order, a page at a time
+  (partitions of other workers are asked of their owners); ``cursor`` continues.
 """
 
 from __future__ import annotations
@@ -22,13 +34,16 @@ import asyncio
 import base64
 import binascii
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from ..engine.assignment import Assignment
+from ..engine.served import group_states, phase_of, serving_tables
 from ..engine.task import PartitionTask
+from ..errors import StoreError
 from ..tables.partition import PartitionTables
 from ..tables.table import Table, scan
 from .forward import FORWARDED, ask_owner, forward
@@ -39,59 +54,134 @@ MAX_KEY_BYTES = 1024
 MIN_VERSION_WAIT_S = 5.0
 """How long ``?min_version=`` waits for the key's stream version."""
 MIN_VERSION_POLL_S = 0.02
+VERSION_HEADER = "Streamapp-Table-Version"
+"""The table version that served an answer, or would serve it (200s, 404s, 503s)."""
 SCAN_LIMIT = 100
 SCAN_LIMIT_MAX = 1000
 
 
-def add_routes(app: web.Application, assignment: Assignment) -> None:
-    tables = assignment.app.tables
+def add_routes(
+    app: web.Application,
+    assignment: Assignment,
+    worker_id: str = "",
+    history: Callable[[], dict[str, object]] | None = None,
+) -> None:
+    declared = assignment.app.tables
 
-    async def list_tables(request: web.Request) -> web.Response:
-        owned: dict[str, dict[int, str]] = {}
-        for (topic, partition), task in sorted(assignment.tasks.items()):
-            owned.setdefault(topic, {})[partition] = task.phase.value
-        return json_response(
-            {
-                "rebalancing": assignment.rebalancing,
-                "tables": [
-                    {
-                        "name": name,
-                        "help": table.help,
-                        "agent": agent.name,
-                        "topic": agent.topic.name,
-                        "partitions": agent.topic.partitions,
-                        "owned": {
-                            str(p): phase for p, phase in owned.get(agent.topic.name, {}).items()
-                        },
-                        "owners": {
-                            str(p): assignment.remote_owner(name, p)
-                            for p in range(agent.topic.partitions)
-                            if p not in owned.get(agent.topic.name, {})
-                        },
-                    }
-                    for name, (agent, table) in sorted(tables.items())
-                ],
-            }
+    def names() -> list[str]:
+        return sorted({t.name for _, t in declared.values()})
+
+    def local(name: str, version: int) -> Table[Any] | None:
+        return next(
+            (t for _, t in declared.values() if (t.name, t.version) == (name, version)), None
         )
 
-    def _table(request: web.Request) -> Table[Any]:
+    def route(name: str, version: int) -> Table[Any]:
+        """The local table whose topic routes keys of ``name`` version ``version``: that
+        version's, else the lowest declared here (versions of a table share a topic)."""
+        mine = local(name, version)
+        if mine is not None:
+            return mine
+        return min((t for _, t in declared.values() if t.name == name), key=lambda t: t.version)
+
+    async def list_tables(request: web.Request) -> web.Response:
+        states, known = group_states(assignment, worker_id)
+        head = (history() if history is not None else {}).get("head")
+        out = []
+        for name in sorted(set(names()) | set(states)):
+            table_states = states.get(name)
+            active = None if table_states is None else table_states.active
+            entry: dict[str, Any] = {"name": name, "active": active}
+            if name in names():
+                table = route(name, active or 0)
+                agent, _ = declared[table.label]
+                owned = {
+                    str(p): phase_of(task, table).value
+                    for (topic, p), task in sorted(assignment.tasks.items())
+                    if topic == agent.topic.name
+                }
+                entry |= {
+                    "help": table.help,
+                    "agent": agent.name,
+                    "topic": agent.topic.name,
+                    "partitions": agent.topic.partitions,
+                    "owned": owned,
+                    "owners": {
+                        str(p): assignment.remote_owner(table.label, p)
+                        for p in range(agent.topic.partitions)
+                        if str(p) not in owned
+                    },
+                }
+            versions = [] if table_states is None else [v.as_dict() for v in table_states.versions]
+            for v in versions:
+                if v["progress"] is not None:
+                    v["progress"]["head"] = head
+            entry["versions"] = versions
+            out.append(entry)
+        return json_response(
+            {"rebalancing": assignment.rebalancing, "directory_read": known, "tables": out}
+        )
+
+    def _name(request: web.Request) -> str:
         name = request.match_info["table"]
-        if name not in tables:
-            raise _Answer(error(404, f"no table named {name!r}", tables=sorted(tables)))
-        return tables[name][1]
+        if name not in names():
+            raise _Answer(error(404, f"no table named {name!r}", tables=names()))
+        return name
+
+    def _version(request: web.Request, name: str) -> int:
+        """The version to answer ``name`` from: pinned by ``?version=N``, else the active
+        one (an _Answer: 404 for a version that does not exist, 503 while unknown)."""
+        states, known = group_states(assignment, worker_id)
+        table_states = states.get(name)
+        existing = [] if table_states is None else table_states.existing
+        if request.query.get("version"):
+            version = _int_param(request, "version", 0)
+            if version in existing:
+                return version
+            if FORWARDED in request.headers and not known:  # the asker knows it: not here yet
+                raise _Answer(
+                    unavailable(
+                        f"version {version} of table {name!r} is not known here yet",
+                        table_version=version,
+                    ),
+                    version,
+                )
+            raise _Answer(
+                error(
+                    404,
+                    f"table {name!r} has no version {version}; its versions: "
+                    f"{', '.join(map(str, existing)) or 'none'}",
+                    versions=existing,
+                )
+            )
+        latched = assignment.served.get(name)
+        if latched is None:
+            if not known:
+                lowest = min(existing, default=None)
+                raise _Answer(
+                    unavailable(
+                        f"the members directory is not read yet: which version of table "
+                        f"{name!r} the group answers from is not known",
+                    ),
+                    lowest,
+                )
+            raise _Answer(error(404, f"table {name!r} has no version left (every one is retired)"))
+        return latched
 
     def _serving(
-        name: str, key: str, request: web.Request | None = None
-    ) -> tuple[int, PartitionTask, PartitionTables]:
-        """The live task owning ``key``, or an _Answer (421, 503, or, given ``request``,
-        the owner's answer to it, forwarded)."""
-        partition, task = assignment.owner_of(name, key)
+        name: str, version: int, key: str, request: web.Request | None = None
+    ) -> tuple[int, PartitionTask, PartitionTables, Table[Any]]:
+        """The live lane of ``version`` owning ``key``, or an _Answer (421, 503, or,
+        given ``request``, the owner's answer to it, forwarded)."""
+        routing = route(name, version)
+        partition, task = assignment.owner_of(routing.label, key)
         if task is None and assignment.rebalancing:
             raise _Answer(
                 unavailable(
                     f"the group is rebalancing; partition {partition} of {name!r} has no owner yet",
                     partition=partition,
-                )
+                ),
+                version,
             )
         if (
             task is None
@@ -99,13 +189,14 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
             and assignment.directory is not None
             and FORWARDED not in request.headers  # never forward twice
         ):
-            owner = assignment.remote_owner(name, partition)
+            owner = assignment.remote_owner(routing.label, partition)
             if owner is None:
                 raise _Answer(
                     unavailable(
                         f"the owner of partition {partition} of {name!r} is not known yet",
                         partition=partition,
-                    )
+                    ),
+                    version,
                 )
             raise _Forward(owner, partition)
         if task is None:
@@ -114,54 +205,82 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
                     421,
                     f"partition {partition} of table {name!r} is not owned by this worker",
                     partition=partition,
-                )
+                ),
+                version,
             )
-        ptables = task.tables_for(name)
-        if not task.phase.serves or ptables is None:
+        table = local(name, version)
+        if table is None:
             raise _Answer(
                 unavailable(
-                    f"partition {partition} of table {name!r} is {task.phase.value}",
+                    f"partition {partition} of table {name!r} version {version} is not live "
+                    f"here: this worker's code declares version(s) "
+                    f"{', '.join(str(t.version) for _, t in declared.values() if t.name == name)}",
                     partition=partition,
-                    phase=task.phase.value,
-                )
+                ),
+                version,
             )
-        return partition, task, ptables
+        ptables = serving_tables(task, table)
+        if ptables is None:
+            phase = phase_of(task, table).value
+            raise _Answer(
+                unavailable(
+                    f"partition {partition} of table {table.label!r} is {phase}",
+                    partition=partition,
+                    phase=phase,
+                ),
+                version,
+            )
+        return partition, task, ptables, table
 
     async def get_key(request: web.Request) -> web.Response:
+        version: int | None = None
         try:
-            table = _table(request)
+            name = _name(request)
             key = request.match_info["key"]
             _check_length("key", key)
             min_version = _int_param(request, "min_version", 0)
             meta = request.query.get("meta", "") not in ("", "0", "false")
-            partition, task, ptables = _serving(table.name, key, request)
-            version = ptables.committed_version(key)
+            version = _version(request, name)
+            partition, task, ptables, table = _serving(name, version, key, request)
+            stream_version = ptables.committed_version(key)
             deadline = time.monotonic() + MIN_VERSION_WAIT_S
-            while version < min_version:
+            while stream_version < min_version:
                 if time.monotonic() >= deadline:
-                    return unavailable(
-                        f"key {key!r} of table {table.name!r} is at stream version {version}, "
-                        f"not yet {min_version} (waited {MIN_VERSION_WAIT_S:.0f}s)",
-                        partition=partition,
-                        version=version,
+                    return _versioned(
+                        unavailable(
+                            f"key {key!r} of table {name!r} is at stream version "
+                            f"{stream_version}, not yet {min_version} "
+                            f"(waited {MIN_VERSION_WAIT_S:.0f}s)",
+                            partition=partition,
+                            stream_version=stream_version,
+                        ),
+                        version,
                     )
                 await asyncio.sleep(MIN_VERSION_POLL_S)
-                partition, task, ptables = _serving(table.name, key)  # may have moved
-                version = ptables.committed_version(key)
+                partition, task, ptables, table = _serving(name, version, key)  # may have moved
+                stream_version = ptables.committed_version(key)
+            raw = ptables.store.get(table.data_space, key.encode())
         except _Answer as answer:
-            return answer.response
+            return _versioned(answer.response, answer.version)
         except _Forward as fwd:
-            return await forward(request, fwd.owner, fwd.partition, MIN_VERSION_WAIT_S + 5)
-        raw = ptables.store.get(table.data_space, key.encode())
+            assert version is not None
+            answered = await forward(
+                request, fwd.owner, fwd.partition, MIN_VERSION_WAIT_S + 5, version=version
+            )
+            return _versioned(answered, version)
+        except StoreError as exc:
+            return _versioned(_store_failed(name, partition, exc), version)
         checkpoint = ptables.checkpoint.live
+        phase = phase_of(task, table).value
         headers = {
+            VERSION_HEADER: str(version),
             "X-Streamapp-Partition": str(partition),
-            "X-Streamapp-Phase": task.phase.value,
-            "X-Streamapp-Version": str(version),
+            "X-Streamapp-Phase": phase,
+            "X-Streamapp-Version": str(stream_version),
             "X-Streamapp-Checkpoint": "" if checkpoint is None else str(checkpoint),
         }
         if raw is None:
-            resp = error(404, f"key {key!r} not found in table {table.name!r}")
+            resp = error(404, f"key {key!r} not found in table {table.label!r}")
             resp.headers.update(headers)
             return resp
         value = table.codec.loads(raw)
@@ -169,12 +288,13 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
             return json_response(value, 200, **headers)
         return json_response(
             {
-                "table": table.name,
+                "table": name,
+                "version": version,
                 "key": key,
                 "value": value,
                 "partition": partition,
-                "phase": task.phase.value,
-                "version": version,
+                "phase": phase,
+                "stream_version": stream_version,
                 "checkpoint": checkpoint,
                 "store_position": ptables.checkpoint.history,
             },
@@ -186,22 +306,24 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
         """Partition by partition, in key order: partitions owned here are read from the
         store, the others are asked of their owners (``only=P``, never forwarded twice),
         so any worker gives the whole table. ``cursor`` is (partition, last key)."""
+        version: int | None = None
         try:
-            table = _table(request)
+            name = _name(request)
             prefix = request.query.get("prefix", "")
             _check_length("prefix", prefix)
             limit = _int_param(request, "limit", SCAN_LIMIT)
             if not 1 <= limit <= SCAN_LIMIT_MAX:
                 raise _Answer(error(400, f"limit must be between 1 and {SCAN_LIMIT_MAX}"))
             start_p, after = _decode_cursor(request.query.get("cursor"))
-            agent, _ = tables[table.name]
+            version = _version(request, name)
+            agent, _ = declared[route(name, version).label]
             count = agent.topic.partitions
             only = request.query.get("only")
             partitions = range(count) if only is None else [_int_param(request, "only", 0)]
             if only is not None and not 0 <= partitions[0] < count:
                 raise _Answer(error(400, f"only must be a partition below {count}"))
             if assignment.rebalancing:
-                raise _Answer(unavailable("the group is rebalancing"))
+                raise _Answer(unavailable("the group is rebalancing"), version)
             items: list[dict[str, Any]] = []
             covered: list[int] = []
             cursor: str | None = None
@@ -209,7 +331,8 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
                 if p < start_p:
                     continue
                 want = limit - len(items)
-                got = await _page(request, table, p, prefix, after if p == start_p else None, want)
+                first = after if p == start_p else None
+                got = await _page(request, name, version, p, prefix, first, want)
                 if got is None:  # owners unknown on this transport: this worker's only
                     continue
                 covered.append(p)
@@ -218,62 +341,82 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
                     cursor = _encode_cursor(p, items[-1]["key"].encode())
                     break
         except _Answer as answer:
-            return answer.response
+            return _versioned(answer.response, answer.version)
         return json_response(
             {
-                "table": table.name,
+                "table": name,
+                "version": version,
                 "prefix": prefix,
                 "partitions": covered,
                 "items": items,
                 "cursor": cursor,
-            }
+            },
+            200,
+            **{VERSION_HEADER: str(version)},
         )
 
     async def _page(
         request: web.Request,
-        table: Table[Any],
+        name: str,
+        version: int,
         p: int,
         prefix: str,
         after: bytes | None,
         want: int,
     ) -> list[dict[str, Any]] | None:
         """Up to ``want`` + 1 items of partition ``p`` (one more: is there a next page?)."""
-        agent, _ = tables[table.name]
+        routing = route(name, version)
+        agent, _ = declared[routing.label]
         task = assignment.tasks.get((agent.topic.name, p))
         if task is not None:
-            ptables = task.tables_for(table.name)
-            if not task.phase.serves or ptables is None:
+            table = local(name, version)
+            ptables = None if table is None else serving_tables(task, table)
+            if table is None or ptables is None:
+                phase = "not declared here" if table is None else phase_of(task, table).value
                 raise _Answer(
                     unavailable(
-                        f"partition {p} of table {table.name!r} is {task.phase.value}",
+                        f"partition {p} of table {name!r} version {version} is {phase}",
                         partition=p,
-                        phase=task.phase.value,
-                    )
+                        phase=phase,
+                    ),
+                    version,
                 )
-            rows = scan(
-                ptables.store, table.data_space, prefix=prefix.encode(), after=after, limit=want + 1
-            )
+            try:
+                rows = scan(
+                    ptables.store,
+                    table.data_space,
+                    prefix=prefix.encode(),
+                    after=after,
+                    limit=want + 1,
+                )
+            except StoreError as exc:
+                raise _Answer(_store_failed(name, p, exc), version) from exc
             return [
                 {"key": k.decode(), "value": table.codec.loads(raw), "partition": p}
                 for k, raw in rows
             ]
         if "only" in request.query or FORWARDED in request.headers:
             raise _Answer(
-                error(421, f"partition {p} of table {table.name!r} is not owned here", partition=p)
+                error(421, f"partition {p} of table {name!r} is not owned here", partition=p)
             )
         if assignment.directory is None:
             return None
-        owner = assignment.remote_owner(table.name, p)
+        owner = assignment.remote_owner(routing.label, p)
         if owner is None:
             raise _Answer(
-                unavailable(f"the owner of partition {p} of {table.name!r} is not known yet")
+                unavailable(f"the owner of partition {p} of {name!r} is not known yet"), version
             )
-        query = {"prefix": prefix, "only": str(p), "limit": str(min(want + 1, SCAN_LIMIT_MAX))}
+        query = {
+            "prefix": prefix,
+            "only": str(p),
+            "limit": str(min(want + 1, SCAN_LIMIT_MAX)),
+            "version": str(version),
+        }
         if after is not None:
             query["cursor"] = _encode_cursor(p, after)
-        answer = await ask_owner(request, owner, f"/tables/{table.name}", query, p)
+        answer = await ask_owner(request, owner, f"/tables/{name}", query, p)
         if answer.status != 200 or answer.body is None:
-            raise _Answer(answer)
+            raise _Answer(answer, version)
         body = orjson.loads(answer.body)  # type: ignore[arg-type]
         page: list[dict[str, Any]] = body["items"]
         return page
@@ -283,12 +426,29 @@ def add_routes(app: web.Application, assignment: Assignment) -> None:
     app.router.add_get("/tables/{table}/{key}", get_key)
 
 
-class _Answer(Exception):
-    """An early answer (an error) out of a helper."""
+def _versioned(response: web.Response, version: int | None) -> web.Response:
+    """``response`` with the table version that served it (or would): the owner's, when
+    forwarded."""
+    if version is not None and VERSION_HEADER not in response.headers:
+        response.headers[VERSION_HEADER] = str(version)
+    return response
 
-    def __init__(self, response: web.Response) -> None:
+
+def _store_failed(table: str, partition: int, exc: StoreError) -> web.Response:
+    """503 for a read its store failed: never a 500, never a value from a damaged store
+    (a corrupt one told its partition task, which rebuilds it meanwhile)."""
+    return unavailable(
+        f"partition {partition} of table {table!r} cannot be read now: {exc}",
+        partition=partition,
+    )
+
+
+class _Answer(Exception):
+    """An early answer (an error) out of a helper, and the table version it names."""
+
+    def __init__(self, response: web.Response, version: int | None = None) -> None:
         super().__init__(response.status)
-        self.response = response
+        self.response, self.version = response, version
 
 
 class _Forward(Exception):

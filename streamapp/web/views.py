@@ -39,7 +39,8 @@ def make_app(
         metrics = WorkerMetrics()
     metrics.watch(assignment)
 
-    spec = openapi.document(assignment.app.id, streamapp_version())
+    declared = [table for _, table in assignment.app.tables.values()]
+    spec = openapi.document(assignment.app.id, streamapp_version(), declared)
 
     async def openapi_json(request: web.Request) -> web.Response:
         return json_response(spec)
@@ -52,9 +53,14 @@ def make_app(
 
     app = web.Application(middlewares=[security.json_errors, security.bearer(token)])
     app.cleanup_ctx.append(forward.session_ctx)
-    health.add_routes(app, assignment, worker_id, history)
+
+    def last_stall() -> dict[str, object] | None:
+        stall = metrics.last_stall
+        return None if stall is None else stall.as_status()
+
+    health.add_routes(app, assignment, worker_id, history, last_stall, metrics.operations)
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/openapi.json", openapi_json)
     app.router.add_get("/", page)
-    tables.add_routes(app, assignment)
+    tables.add_routes(app, assignment, worker_id, history)
     return app

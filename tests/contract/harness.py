@@ -11,9 +11,10 @@ knows which transport runs it.
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -22,7 +23,7 @@ import aiohttp
 
 from streamapp import App, Event
 from streamapp.agent import Agent
-from streamapp.kafka import codec
+from streamapp.codecs import kafka as codec
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Parked:
     value: bytes | None
     key: bytes | None
     headers: dict[str, bytes]
+    partition: int = -1
+    """The partition it is in (-1: the transport does not say)."""
 
     @property
     def reason(self) -> str:
@@ -50,19 +53,31 @@ class AgentHarness(ABC):
     """The ``Redeliver(pause_s=...)`` a test should use here: long enough on a real
     broker to see other partitions flow meanwhile, nothing in memory."""
 
-    settles_in_transaction: bool = False
-    """True when the source position is committed in the batch's transaction with its
-    changelog (Kafka): durable there, and the local store the views read is written right
-    after, so a view may trail the settled position by the batch being committed."""
+    early_settles: list[str]
+    """Settles of a partition with tables made before its store held them, where the
+    harness can watch the moment of each settle in the process (Kafka); empty elsewhere."""
+
+    settles_watched: int
+    """Settles so checked (0 where the harness cannot watch them)."""
 
     stateless_calls_exact: bool = True
     """True when an agent without tables sees each event exactly once (no redelivery
     after a commit that was not made); a broker only promises at least once."""
 
+    due_order_kept: bool = True
+    """True when the relay republishes a partition's due retry copies in due order (one
+    loop per partition: Kafka, memory); RabbitMQ's relay sends each held copy on its own
+    once due, so copies due at about the same time may cross."""
+
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         """Handler invocations by event id: handlers count themselves here."""
+        self.early_settles = []
+        self.settles_watched = 0
         self.app: App | None = None
+        self.narrowed: set[str] = set()
+        """Topics (dead-letter, parking) that :meth:`start` makes with one partition
+        (one queue) instead of the app's count, where the transport allows it."""
 
     # declaring and running the app ------------------------------------------------
     @abstractmethod
@@ -155,6 +170,38 @@ class AgentHarness(ABC):
         """Every record of ``topic`` a consumer downstream sees (a broker: committed only),
         partition by partition, in order: e.g. the derived events an agent sent."""
         return await self.parked(topic)
+
+    async def crossed(self, topic: str) -> list[Parked]:
+        """Every record that went through ``topic`` since :meth:`start`, even one consumed
+        and acked since (a retry queue's copies on RabbitMQ), partition by partition, in
+        order (a log keeps them: :meth:`records`)."""
+        return await self.records(topic)
+
+    def clock_ms(self) -> float:
+        """The transport's time (epoch ms), the one ``x-deliver-at`` is written in."""
+        return time.time() * 1000
+
+    @abstractmethod
+    def metric(self, name: str, agent: str) -> float | None:
+        """The worker's counter ``name`` for ``agent`` on /metrics (None: absent)."""
+
+    async def until(
+        self, check: Callable[[], Awaitable[bool]], what: str, within_s: float = 30.0
+    ) -> None:
+        """Run until ``check`` holds (observed state, polled), or fail naming ``what``."""
+        deadline = time.monotonic() + within_s
+        while not await check():
+            assert time.monotonic() < deadline, f"not {what} within {within_s:.0f}s"
+            await asyncio.sleep(0.05)
+
+
+def counter(text: str, name: str, agent: str) -> float | None:
+    """Counter ``name`` (``_total`` added) for ``agent`` in Prometheus text (None: absent)."""
+    prefix = f'{name}_total{{agent="{agent}"}} '
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return None
 
 
 async def read_view(http: aiohttp.ClientSession, port: int | None, name: str, key: str) -> Any:

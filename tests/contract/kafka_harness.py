@@ -15,14 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamapp import App
-from streamapp.kafka.topics import create_topics
+from streamapp.engine.interfaces import NO_LANES, Committed
+from streamapp.kafka.port import KafkaPartitionPort
+from streamapp.kafka.topology import create_topics
+from streamapp.kafka.transaction import KafkaTransaction
 from streamapp.worker import Worker
 
-from .harness import AgentHarness, Parked, read_view
+from .harness import AgentHarness, Parked, counter, read_view
 
 FAST = {
     "poll_timeout_ms": 100,
@@ -38,7 +42,6 @@ FAST = {
 class KafkaHarness(AgentHarness):
     redeliver_pause_s = 1.0
     stateless_calls_exact = False
-    settles_in_transaction = True
 
     def __init__(self, bootstrap: str, data_dir: Path) -> None:
         super().__init__()
@@ -52,6 +55,7 @@ class KafkaHarness(AgentHarness):
         self._sent: list[asyncio.Future[Any]] = []
         self._all_sent: list[tuple[asyncio.Future[Any], bytes | None]] = []
         self._tps: dict[str, list[TopicPartition]] = {}
+        self._watch = pytest.MonkeyPatch()
 
     def new_app(self, **settings: Any) -> App:
         return App(
@@ -68,6 +72,13 @@ class KafkaHarness(AgentHarness):
     async def start(self, app: App) -> None:
         self.app = app
         settings = app.settings()
+        if self.narrowed:  # made first, with one partition: create_topics keeps them
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await admin.start()
+            try:
+                await admin.create_topics([NewTopic(t, 1, 1) for t in sorted(self.narrowed)])
+            finally:
+                await admin.close()
         await create_topics(app, settings)
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=2
@@ -78,6 +89,7 @@ class KafkaHarness(AgentHarness):
         self._probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap)
         await self._probe.start()
         self._http = aiohttp.ClientSession()
+        self._watch_settles()
         worker = Worker(app, settings)
         await worker.start()  # stops what it started when it fails
         self.worker = worker
@@ -96,6 +108,52 @@ class KafkaHarness(AgentHarness):
             if self._http is not None:
                 await self._http.close()
             self._producer = self._probe = self._admin = self._http = None
+            self._watch.undo()
+
+    def _watch_settles(self) -> None:
+        """Check every settle of the source at its moment, in the worker's process: an
+        offset commit (``KafkaPartitionPort.settle``) or an offset in a transaction
+        (``KafkaTransaction.commit``). A partition whose lanes have tables must have
+        its store checkpoint at or past the settled position already (with a lane
+        without tables, the offset is in the changelogs' transaction: not checked); each
+        one that has not goes to ``early_settles``. Observation only: the real methods
+        run as ever."""
+        settle, commit = KafkaPartitionPort.settle, KafkaTransaction.commit
+
+        def check(tp: TopicPartition, position: int, how: str) -> None:
+            worker = self.worker
+            task = (
+                None
+                if worker is None or worker.source is None
+                else (worker.source.assignment.tasks.get((tp.topic, tp.partition)))
+            )
+            if task is None or any(lane.tables is None for lane in task.lanes):
+                return  # a lane without tables: the offset goes with the changelogs
+            self.settles_watched += 1
+            for lane in task.lanes:
+                assert lane.tables is not None
+                live = lane.tables.checkpoint.live
+                if live is None or live < position:
+                    self.early_settles.append(
+                        f"{tp.topic}[{tp.partition}] settled at {position} ({how}) with "
+                        f"{lane.name}'s store at {live}"
+                    )
+
+        async def watched_settle(
+            port: KafkaPartitionPort, position: int, ahead: Any = NO_LANES
+        ) -> None:
+            check(port.tp, position, "offset commit")
+            await settle(port, position, ahead)
+
+        async def watched_commit(
+            txn: KafkaTransaction, changes: Any, outputs: Any, settle_at: Committed | None
+        ) -> list[int]:
+            if settle_at is not None:
+                check(txn.source, settle_at.position, "in the transaction")
+            return await commit(txn, changes, outputs, settle_at)
+
+        self._watch.setattr(KafkaPartitionPort, "settle", watched_settle)
+        self._watch.setattr(KafkaTransaction, "commit", watched_commit)
 
     async def send_raw(
         self,
@@ -128,8 +186,8 @@ class KafkaHarness(AgentHarness):
             await asyncio.sleep(0.05)
 
     def _idle(self) -> bool:
-        """No partition task is committing: the offset commits in the transaction, and
-        the store (what views read) is written right after it."""
+        """No partition task is committing: with tables the offset is committed after the
+        store write, outside the transaction (``streamapp/engine/commit.py``)."""
         assert self.worker is not None
         assert self.worker.source is not None
         return not any(t.busy for t in self.worker.source.assignment.tasks.values())
@@ -183,4 +241,8 @@ class KafkaHarness(AgentHarness):
         finally:
             await consumer.stop()
         got.sort(key=lambda r: (r.partition, r.offset))
-        return [Parked(r.value, r.key, dict(r.headers)) for r in got]
+        return [Parked(r.value, r.key, dict(r.headers), r.partition) for r in got]
+
+    def metric(self, name: str, agent: str) -> float | None:
+        assert self.worker is not None, "start the app first"
+        return counter(self.worker.metrics.render().decode(), name, agent)

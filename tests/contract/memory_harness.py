@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from streamapp import App
-from streamapp.engine.delivery import Message
 from streamapp.memory import MemoryBroker, StuckRecordsError
+from streamapp.records import DeliveryRecord
+from streamapp.web.metrics import WorkerMetrics
 
-from .harness import AgentHarness, Parked
+from .harness import AgentHarness, Parked, counter
 
 
 class MemoryHarness(AgentHarness):
@@ -22,7 +23,8 @@ class MemoryHarness(AgentHarness):
         super().__init__()
         self._broker: MemoryBroker | None = None
         self._batch_budget_s = 60.0
-        self._sent: list[Message] = []
+        self._sent: list[DeliveryRecord] = []
+        self.metrics = WorkerMetrics()
 
     def new_app(self, **settings: Any) -> App:
         budget_ms = settings.pop("batch_budget_ms", None)
@@ -35,7 +37,7 @@ class MemoryHarness(AgentHarness):
 
     async def start(self, app: App) -> None:
         self.app = app
-        self._broker = MemoryBroker(app, batch_budget_s=self._batch_budget_s)
+        self._broker = MemoryBroker(app, batch_budget_s=self._batch_budget_s, metrics=self.metrics)
 
     async def stop(self) -> None:
         self._broker = None
@@ -79,4 +81,21 @@ class MemoryHarness(AgentHarness):
     async def parked(self, topic: str) -> list[Parked]:
         if topic not in self.broker.topics:
             return []
-        return [Parked(r.value, r.key, dict(r.headers)) for r in self.broker.records(topic)]
+        return [
+            Parked(r.value, r.key, dict(r.headers), r.partition) for r in self.broker.records(topic)
+        ]
+
+    def metric(self, name: str, agent: str) -> float | None:
+        return counter(self.metrics.render().decode(), name, agent)
+
+    def clock_ms(self) -> float:
+        """The broker's clock: :meth:`MemoryBroker.process` moves it through back-offs."""
+        return self.broker.clock() * 1000
+
+    async def until(
+        self, check: Callable[[], Awaitable[bool]], what: str, within_s: float = 30.0
+    ) -> None:
+        """One :meth:`MemoryBroker.process` round runs everything that can run (back-offs
+        fast-forwarded), so the state is final once it returns: no waiting."""
+        await self.broker.process()
+        assert await check(), f"not {what} after MemoryBroker.process()"

@@ -29,16 +29,17 @@ from typing import Any
 
 import aiohttp
 
-from streamapp import App, Event, structured
+from streamapp import App, Event
+from streamapp.codecs import kafka as codec
+from streamapp.codecs import structured
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
 from streamapp.errors import InvalidEventError
 from streamapp.eventstore import EventStoreBackend, open_store, parse_url
-from streamapp.kafka import codec
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
 
-from .harness import AgentHarness, Parked, read_view
+from .harness import AgentHarness, Parked, counter, read_view
 
 _INSERT = (
     "INSERT INTO streamapp_events (stream_id, version, payload) VALUES (%s, "
@@ -207,7 +208,7 @@ class StoreHarness(AgentHarness):
         per source topic (every topic's agents follow the one store)."""
         assert self.app is not None
         tasks = self._tasks()
-        done = {k: t.history_position() for k, t in tasks.items() if t.phase is Phase.LIVE}
+        done = {k: t.replay.history_position() for k, t in tasks.items() if t.phase is Phase.LIVE}
         behind = 0
         for topic, spec in self.app.sources.items():
             for position, sid in self._appended:
@@ -222,3 +223,7 @@ class StoreHarness(AgentHarness):
 
     async def parked(self, topic: str) -> list[Parked]:
         return [Parked(r.value, r.key, dict(r.headers)) for r in await self.store.parked(topic)]
+
+    def metric(self, name: str, agent: str) -> float | None:
+        assert self.worker is not None, "start the app first"
+        return counter(self.worker.metrics.render().decode(), name, agent)

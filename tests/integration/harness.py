@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,26 +23,10 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import Event
-from streamapp.kafka import codec
+from streamapp.codecs import kafka as codec
+from tests.support.services import restart_service as restart_service  # moved there
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def restart_service(action: str, service: str) -> None:
-    """`scripts/services down|up SERVICE` for the restart tests; on failure, the script's
-    own words are in the assertion (a loaded machine may need the longer readiness bound)."""
-    env = {**os.environ, "STREAMAPP_KAFKA_TIMEOUT": "240", "STREAMAPP_RABBITMQ_TIMEOUT": "240"}
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "services"), action, service],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, (
-        f"scripts/services {action} {service} exited {done.returncode}:\n"
-        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    )
 
 
 STATUSES = ("placed", "paid", "shipped", "cancelled")
@@ -61,13 +46,16 @@ def app_env(bootstrap: str, namespace: str, **extra: str) -> dict[str, str]:
         ORDERS_NAMESPACE=namespace,
         PYTHONPATH=str(ROOT),
         PYTHONUNBUFFERED="1",
-        **extra,
     )
+    # A forwarder serves its metrics on a free port: tests (and parallel runs) start
+    # several on one machine, where the default 6067 would be taken.
+    env.setdefault("STREAMAPP_FORWARDER_WEB_PORT", "0")
+    env.update(extra)
     return env
 
 
-def streamapp_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "streamapp.cli", *args]
+def streamapp_cmd(*args: str, launcher: str = "streamapp.cli") -> list[str]:
+    return [sys.executable, "-m", launcher, *args]
 
 
 def create_topics(bootstrap: str, namespace: str, app_ref: str = "agents.orders:app") -> str:
@@ -95,6 +83,10 @@ class WorkerProc:
     app_ref: str = "agents.orders:app"
     port: int = field(default_factory=free_port)
     extra_env: dict[str, str] = field(default_factory=dict)
+    wrapper: list[str] = field(default_factory=list)
+    """A command the worker runs under (e.g. ``faketime -f +90s``)."""
+    launcher: str = "streamapp.cli"
+    """The module run as the CLI (``tests.support.crashpoint``: with a crash point)."""
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProc:
@@ -103,7 +95,8 @@ class WorkerProc:
         )
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            streamapp_cmd(
+            self.wrapper
+            + streamapp_cmd(
                 "worker",
                 "-A",
                 self.app_ref,
@@ -111,6 +104,7 @@ class WorkerProc:
                 str(self.data_dir),
                 "--web-port",
                 str(self.port),
+                launcher=self.launcher,
             ),
             env=app_env(self.bootstrap, self.namespace, **self.extra_env),
             cwd=ROOT,
@@ -248,8 +242,7 @@ async def wait_caught_up(
 
 
 async def _idle(workers: list[WorkerProc]) -> bool:
-    """No partition of the workers is in a batch: Kafka commits the offset in the batch's
-    transaction and writes the store (what views read) right after it."""
+    """No partition of the workers is in a batch: what their views read is at rest."""
     for w in workers:
         status = await w.status()
         if status is None or any(p["busy"] for p in status["partitions"].values()):
@@ -401,12 +394,23 @@ async def topic_size(bootstrap: str, topic: str) -> int:
 
 
 class Proxy:
-    """A TCP proxy in front of RabbitMQ whose connections a test can cut."""
+    """A TCP proxy in front of a service (RabbitMQ, PostgreSQL) whose connections a test
+    can cut, at once (:meth:`cut`) or at the server's next reply (:meth:`cut_at_reply`)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, *, amqp: bool = False) -> None:
+        self.host, self.port, self.amqp = host, port, amqp
+        """``amqp``: the server's replies are AMQP 0-9-1 frames (:attr:`confirms_held`)."""
         self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self.server: asyncio.Server | None = None
+        self._cut_at_reply = False
+        self.replies_dropped = 0
+        self.confirms_held: set[int] = set()
+        """Connections (by the order they were accepted) whose AMQP publisher confirms
+        (``basic.ack`` / ``basic.nack`` from the broker) are dropped; everything else,
+        heartbeats included, still flows."""
+        self.confirms_dropped = 0
+        self.accepted = 0
+        """Connections accepted so far (the next one's index in :attr:`confirms_held`)."""
 
     async def start(self) -> int:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -416,10 +420,20 @@ class Proxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
         self.pairs.append((writer, up_writer))
+        index, self.accepted = self.accepted, self.accepted + 1
+        frames = bytearray()
 
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, reply: bool) -> None:
             try:
                 while data := await r.read(65536):
+                    if reply and self._cut_at_reply:  # the request went through; its
+                        self._cut_at_reply = False  # answer is lost with the connection
+                        self.replies_dropped += 1
+                        self.cut()
+                        return
+                    if reply and self.amqp:
+                        frames.extend(data)
+                        data = self._without_confirms(frames, index in self.confirms_held)
                     w.write(data)
                     await w.drain()
             except (ConnectionError, OSError):
@@ -427,7 +441,28 @@ class Proxy:
             finally:
                 w.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+
+    def _without_confirms(self, frames: bytearray, hold: bool) -> bytes:
+        """The whole AMQP frames at the head of ``frames`` (consumed), without the
+        broker's ``basic.ack`` (60, 80) and ``basic.nack`` (60, 120) when ``hold``."""
+        out = bytearray()
+        while len(frames) >= 7:
+            size = int.from_bytes(frames[3:7], "big")
+            if len(frames) < size + 8:
+                break
+            frame, frames[:] = bytes(frames[: size + 8]), frames[size + 8 :]
+            method = frame[0] == 1 and frame[7:11] in (b"\x00\x3c\x00\x50", b"\x00\x3c\x00\x78")
+            if hold and method:
+                self.confirms_dropped += 1
+                continue
+            out += frame
+        return bytes(out)
+
+    def cut_at_reply(self) -> None:
+        """Let the next request reach the server, then drop its reply and cut every
+        connection: the client cannot know whether the server acted on it."""
+        self._cut_at_reply = True
 
     def cut(self) -> None:
         """Drop every connection at once, as a network failure would."""
@@ -440,3 +475,28 @@ class Proxy:
         self.cut()
         if self.server is not None:
             self.server.close()
+
+
+async def wait_statuses(
+    workers: list[WorkerProc],
+    seen: Callable[[list[dict[str, Any]]], bool],
+    what: str,
+    within_s: float = 90.0,
+) -> list[dict[str, Any]]:
+    """Until ``seen`` holds for the workers' /status answers (in order), polled every
+    0.1 s; their statuses then. Fails naming ``what`` if a worker dies or time runs out."""
+    deadline = time.monotonic() + within_s
+    while True:
+        statuses = []
+        for w in workers:
+            assert w.alive, f"worker died while waiting for {what}:\n{w.log_text()[-3000:]}"
+            statuses.append(await w.status() or {"partitions": {}, "ready": False})
+        if seen(statuses):
+            return statuses
+        assert time.monotonic() < deadline, f"not within {within_s}s: {what}: {statuses}"
+        await asyncio.sleep(0.1)
+
+
+def processed(status: dict[str, Any]) -> int:
+    """Events the worker's partitions processed since it started (its /status)."""
+    return sum(int(p["processed"]) for p in status["partitions"].values())

@@ -19,7 +19,7 @@ from cloudevents.v1 import kafka as v1_kafka
 from cloudevents.v1.http import CloudEvent as V1CloudEvent
 
 from streamapp import App, Event, Park, Table, TableView
-from streamapp.kafka.topics import create_topics
+from streamapp.kafka.topology import create_topics
 from streamapp.worker import Worker
 
 pytestmark = pytest.mark.integration

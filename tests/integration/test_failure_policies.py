@@ -17,11 +17,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import App, Event, FromEventStore, Park, Redeliver, Refuse, Table, TableView
+from streamapp.codecs import kafka as codec
 from streamapp.engine.phase import Phase
-from streamapp.engine.task import AgentRefusedError
+from streamapp.errors import AgentRefusedError
 from streamapp.eventstore import Append, open_store
-from streamapp.kafka import codec
-from streamapp.kafka.topics import create_topics as create_app_topics
+from streamapp.kafka.topology import create_topics as create_app_topics
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
 

@@ -20,7 +20,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import Event
-from streamapp.kafka import codec
+from streamapp.codecs import kafka as codec
 from streamapp.partitioner import partition_for
 
 from .harness import (
@@ -39,7 +39,7 @@ from .test_outputs import read_committed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REGROUP = "tests.integration.regroup_app:app"
+REGROUP = "tests.apps.regroup_app:app"
 
 
 def customer_orders(

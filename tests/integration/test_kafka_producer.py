@@ -12,10 +12,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from streamapp import App, Event, Park
-from streamapp.cli import _sink_of
-from streamapp.kafka import codec
+from streamapp.cli.forward import forward_sink
+from streamapp.codecs import kafka as codec
 from streamapp.kafka.sink import KafkaSink
-from streamapp.kafka.topics import create_topics
+from streamapp.kafka.topology import create_topics
 from streamapp.worker import Worker
 
 pytestmark = pytest.mark.integration
@@ -44,7 +44,7 @@ async def test_parking_and_forwarder_producers_are_acks_all(
 
     settings = app.settings()
     await create_topics(app, settings)
-    make_sink, encode = _sink_of(app, settings)  # what `streamapp forward` publishes with
+    make_sink, encode = forward_sink(app, settings)  # what `streamapp forward` publishes with
     forward = make_sink()
     await forward.start()
     worker = Worker(app, settings)

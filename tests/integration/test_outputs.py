@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import Event
-from streamapp.kafka import codec
+from streamapp.codecs import kafka as codec
 
 from .harness import (
     ROOT,
@@ -37,8 +37,8 @@ from .harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-OUTPUTS = "tests.integration.outputs_app:app"
-COPART = "tests.integration.copart_app:app"
+OUTPUTS = "tests.apps.outputs_app:app"
+COPART = "tests.apps.copart_app:app"
 
 
 async def read_committed(bootstrap: str, topic: str) -> list[Any]:

@@ -1,6 +1,6 @@
 """RabbitMQ workers as a group: partitions shared, moved and kept exact on a real broker.
 
-The membership protocol (``streamapp/rabbitmq/membership.py``) hands partitions between
+The membership protocol (``streamapp/rabbitmq/members.py``) hands partitions between
 workers; single active consumer guards a partition when members disagree. Nothing is
 mocked: the broker is the session's RabbitMQ, the store a SQLite file; the disagreement
 is made by silencing one in-process member's heartbeats.
@@ -9,7 +9,6 @@ is made by silencing one in-process member's heartbeats.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -20,11 +19,12 @@ from typing import Any
 import pytest
 
 from streamapp import App, Event, FromEventStore, Table, TableView
-from streamapp.rabbitmq.membership import RabbitMembership
+from streamapp.rabbitmq.members import RabbitMembership
 from streamapp.rabbitmq.source import RabbitSource
 from streamapp.rabbitmq.topology import create_topology
 from streamapp.worker import Worker
 from tests.conftest import Services
+from tests.support.services import restart
 
 from .harness import (
     StreamappProc,
@@ -32,10 +32,11 @@ from .harness import (
     append_to_store,
     assert_exact,
     order_events,
+    processed,
     read_table,
-    restart_service,
     wait_group_ready,
     wait_ready,
+    wait_statuses,
 )
 from .test_rabbitmq import depth, rabbit_env, topics_create
 
@@ -140,13 +141,13 @@ def events(n: int, keys: int, start: int = 0) -> list[Event]:
 
 async def run_forwarder(app: App) -> asyncio.Task[None]:
     """The store's forwarder, in-process, publishing to the app's topic."""
-    from streamapp.cli import _sink_of
+    from streamapp.cli.forward import forward_sink
     from streamapp.eventstore import open_store
     from streamapp.forwarder import Forwarder, forwarded_topics
 
     settings = app.settings()
     es = await open_store(settings.event_store)
-    make_sink, encode = _sink_of(app, settings)
+    make_sink, encode = forward_sink(app, settings)
     forwarder = Forwarder(
         es,
         make_sink,
@@ -454,11 +455,6 @@ async def test_orders_100k_via_forwarder_while_workers_go_2_3_1_with_3_sigkills(
 
 @pytest.mark.timeout(600)
 async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_path: Path) -> None:
-    if services.how != "scripts/services" and not os.environ.get("STREAMAPP_TEST_RESTARTABLE"):
-        pytest.skip(
-            "restarts the broker of scripts/services only (or, with STREAMAPP_TEST_RESTARTABLE=1, "
-            "the one STREAMAPP_SERVICES_HOME and STREAMAPP_RABBITMQ_PORT name)"
-        )
     amqp = services.amqp
     ns = f"rr{uuid.uuid4().hex[:6]}-"
     store = f"sqlite:///{tmp_path / 'events.db'}"
@@ -481,15 +477,19 @@ async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_p
     try:
         for w in workers:
             await wait_ready(w)
-        appending = asyncio.create_task(_append_slowly(store, evs, 1000, 0.2))
-        await asyncio.sleep(1.5)
+        appending = asyncio.create_task(_append_slowly(store, evs, 500, 0.25))
+        # mid-stream, observed: both workers have applied some, and more is to come
+        await wait_statuses(
+            workers, lambda ss: all(processed(s) > 0 for s in ss), "both workers applying", 90
+        )
+        assert not appending.done(), "the load ended before the restart"
         try:
-            restart_service("down", "rabbitmq")  # mid-stream
+            restart(services, "down", "rabbitmq")  # mid-stream
             await asyncio.sleep(3)
             assert all(w.alive for w in workers)  # they wait for the broker
             assert forwarder.alive
         finally:
-            restart_service("up", "rabbitmq")
+            restart(services, "up", "rabbitmq")
         await appending
         await _drained(amqp, ns, store, len(evs), 300)
         for w in workers:

@@ -39,9 +39,9 @@ import aio_pika
 import pytest
 
 from streamapp import ConfigError, Event, Park, Redeliver, Table, TableView
+from streamapp.codecs import amqp as codec
 from streamapp.errors import SourceError
 from streamapp.partitioner import partition_for
-from streamapp.rabbitmq import codec
 from streamapp.rabbitmq.port import RabbitPartitionPort
 from streamapp.rabbitmq.sink import RabbitSink
 from streamapp.rabbitmq.source import RabbitSource

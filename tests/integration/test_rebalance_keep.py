@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from streamapp import App, Event, Send, Table, TableView
+from streamapp.codecs import kafka as codec
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
-from streamapp.kafka import codec
-from streamapp.kafka.topics import create_topics as create_app_topics
+from streamapp.kafka.topology import create_topics as create_app_topics
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
 
@@ -106,7 +106,7 @@ async def test_partitions_handed_back_in_a_rebalance_stay_open(
         await _until(_live(a, PARTITIONS), 60, "worker a live on every partition")
         await _drained(kafka_bootstrap, first.id, topic)
         before: dict[tuple[str, int], PartitionTask] = dict(a.source.assignment.tasks)
-        restored = sum(t.restored for t in before.values())
+        restored = sum(t.counts.restored for t in before.values())
 
         second = _app(ns, kafka_bootstrap, tmp_path / "b")
         b = Worker(second, second.settings())
@@ -116,7 +116,7 @@ async def test_partitions_handed_back_in_a_rebalance_stay_open(
         after = a.source.assignment.tasks
         kept = [key for key, task in after.items() if before.get(key) is task]
         assert sorted(kept) == sorted(after)  # every partition a still has: the same task
-        assert sum(after[k].restored for k in kept) <= restored  # no restore on the way
+        assert sum(after[k].counts.restored for k in kept) <= restored  # no restore on the way
         for key, task in before.items():
             if key not in after:
                 assert task.phase is Phase.CLOSED  # what a lost is closed

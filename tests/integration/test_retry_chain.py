@@ -1,6 +1,7 @@
-"""The retry chain on real Kafka: a record that fails, then succeeds through the retry
-topic (headers asserted on the topics), a poison record dead-lettered without holding
-its partition, and ``kill -9`` between the retry copy and the commit."""
+"""The retry chain on real Kafka, where it is Kafka's own: the relay's metrics and status
+while it holds a copy, and ``kill -9`` between the retry copy and the commit. The
+chain's shared behaviour (hops, back-offs, headers, dead letters) is the contract
+suite, ``tests/contract/test_chain_contract.py``."""
 
 from __future__ import annotations
 
@@ -15,17 +16,18 @@ import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamapp import App, Event, Retry, Table, TableView
-from streamapp.kafka import codec
-from streamapp.kafka.topics import create_topics as create_app_topics
+from streamapp import App, Event, Retry
+from streamapp.codecs import kafka as codec
+from streamapp.kafka.topology import create_topics as create_app_topics
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
+from tests.support import crashpoint
 
 from .harness import WorkerProc, create_topics, read_table, wait_ready
 
 pytestmark = pytest.mark.integration
 
-RETRY_APP = "tests.integration.retry_app:app"
+RETRY_APP = "tests.apps.retry_app:app"
 
 
 async def _send(bootstrap: str, topic: str, events: list[Event]) -> None:
@@ -74,78 +76,19 @@ def _app(ns: str, tmp_path: Path, bootstrap: str, policy: Retry) -> tuple[App, A
     return app, app.topic(f"{ns}in", partitions=2)
 
 
-async def test_fails_five_times_then_succeeds_through_the_retry_topic(
+async def test_the_relay_reports_the_copy_it_holds_and_the_chain_on_status(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    ns = f"retry{uuid.uuid4().hex[:6]}-"
-    policy = Retry(intervals=(0.1, 0.5), backoff=(1,))
-    app, topic = _app(ns, tmp_path, kafka_bootstrap, policy)
-    sums: Table[int] = Table("sums")
-    calls: Counter[str] = Counter()
-
-    @app.agent(topic, tables=[sums], on_failure=policy)
-    async def summer(event: Event, view: TableView[int]) -> None:
-        calls[event.id] += 1
-        sid = event.stream_id
-        assert sid is not None
-        view[sid] = view.get(sid, 0) + event.data["n"]
-        if event.id == "flaky" and calls[event.id] <= 5:
-            raise RuntimeError(f"failure {calls[event.id]}")  # after the write: rolled back
-
-    settings = app.settings()
-    await create_app_topics(app, settings)
-    flaky = Event.create("add", stream_id="s", data={"n": 7}, id="flaky", version=1)
-    worker = Worker(app, settings)
-    await worker.start()
-    try:
-        started_ms = time.time() * 1000
-        await _send(kafka_bootstrap, topic.name, [flaky])
-
-        async def applied() -> bool:
-            return await _value(worker, "sums", "s") == 7 and calls["flaky"] == 6
-
-        await _until(applied, 30, f"applied once after 5 failures (calls {calls})")
-        await asyncio.sleep(1.0)  # nothing more comes
-        assert calls["flaky"] == 6
-        assert await _value(worker, "sums", "s") == 7  # as if it ran once
-        (copy,) = await _read(kafka_bootstrap, f"{topic.name}-retry")
-        h = _h(copy)
-        assert h["x-reconsume"] == b"3"  # the first delivery and two inline retries
-        assert h["x-retry-hop"] == b"1"
-        assert h["x-origin-topic"] == topic.name.encode()
-        assert started_ms + 1000 <= int(h["x-deliver-at"]) <= time.time() * 1000
-        assert h["ce_id"] == b"flaky"  # the CloudEvent's headers kept
-        assert copy.key == b"s"
-        records = await _read(kafka_bootstrap, topic.name)
-        first, back = records
-        assert _h(back)["x-reconsume"] == b"3"
-        assert _h(back)["x-retry-hop"] == b"1"
-        assert "x-deliver-at" not in _h(back)
-        assert "x-origin-topic" not in _h(back)
-        assert back.value == first.value
-        assert back.partition == first.partition
-        assert {k: v for k, v in _h(back).items() if not k.startswith("x-")} == _h(first)
-        assert not await _read(kafka_bootstrap, f"{topic.name}-dlq")
-        metrics = worker.metrics.render().decode()
-        assert 'streamapp_retried_total{agent="summer"} 1.0' in metrics
-        assert 'streamapp_failed_attempts_total{agent="summer"} 5.0' in metrics
-        assert 'streamapp_dead_lettered_total{agent="summer"}' not in metrics
-    finally:
-        await worker.stop()
-
-
-async def test_a_poison_record_is_dead_lettered_and_does_not_hold_its_partition(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
+    """Kafka's side of the chain (its shared behaviour is the contract suite,
+    ``tests/contract/test_chain_contract.py``): the relay's held copies and lag while a
+    copy waits its back-off, then the hop histograms and ``/status``."""
     ns = f"dlq{uuid.uuid4().hex[:6]}-"
     policy = Retry(intervals=(0.1, 0.2), max_reconsume=4, backoff=(2,))
     app, topic = _app(ns, tmp_path, kafka_bootstrap, policy)
-    seen: dict[str, float] = {}
     attempts: Counter[str] = Counter()
 
     @app.agent(topic, on_failure=policy)
     async def picky(event: Event) -> None:
-        seen.setdefault(event.id, time.monotonic())
         if event.type == "poison":
             attempts[event.id] += 1
             raise ValueError("cannot digest")
@@ -160,29 +103,43 @@ async def test_a_poison_record_is_dead_lettered_and_does_not_hold_its_partition(
     await worker.start()
     try:
         await _send(kafka_bootstrap, topic.name, [poison, *after])
+        retry_lag = f'streamapp_relay_lag{{partition="{p}",topic="{topic.name}-retry"}}'
+
+        async def waiting() -> bool:  # the copy waits its 2 s back-off in the relay
+            text = worker.metrics.render().decode()
+            held = 'streamapp_relay_held_copies{relay="kafka"} 1.0' in text
+            lag = [line for line in text.splitlines() if line.startswith(retry_lag)]
+            return held and bool(lag) and float(lag[0].split()[-1]) >= 1  # copy + marker
+
+        await _until(waiting, 20, "the relay holds the retry copy (held 1, lag >= 1)")
 
         async def dead() -> bool:
             return bool(await _read(kafka_bootstrap, f"{topic.name}-dlq"))
 
         await _until(dead, 40, f"dead-lettered (attempts {attempts})")
         assert attempts["poison"] == 5  # max_reconsume + 1
-        held = seen["ok0"] - seen["poison"]
-        assert held < 1.5, f"the next record waited {held:.2f}s (inline budget 0.3 s)"
-        (dlq,) = await _read(kafka_bootstrap, f"{topic.name}-dlq")
-        h = _h(dlq)
-        assert h["x-reconsume"] == b"5"
-        assert h["x-retry-hop"] == b"1"
-        assert h["x-origin-topic"] == topic.name.encode()
-        assert h["x-dlq-reason"] == b"failed 5 times: ValueError: cannot digest"
-        assert h["x-origin"].startswith(f"{topic.name}/{p}/".encode())
-        assert h["x-retry-agent"] == b"picky"
-        assert h["ce_id"] == b"poison"
-        (retried,) = await _read(kafka_bootstrap, f"{topic.name}-retry")
-        assert _h(retried)["x-reconsume"] == b"3"
         metrics = worker.metrics.render().decode()
         assert 'streamapp_dead_lettered_total{agent="picky"} 1.0' in metrics
         assert 'streamapp_retried_total{agent="picky"} 1.0' in metrics
         assert 'streamapp_consumed_total{agent="picky"}' in metrics
+        for kind in ("retried", "dead_lettered"):  # both copies carry x-retry-hop 1
+            labels = f'agent="picky",kind="{kind}"'
+            assert f'streamapp_retry_hop_bucket{{{labels},le="1.0"}} 1.0' in metrics
+            assert f"streamapp_retry_hop_count{{{labels}}} 1.0" in metrics
+        assert 'streamapp_relay_held_copies{relay="kafka"} 0.0' in metrics
+        assert f"{retry_lag} 0.0" in metrics  # republished and committed
+        url = f"http://127.0.0.1:{worker.web_port}/status"
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            status = await response.json()
+        assert status["retry_hops"] == {"picky": {"retried": {"1": 1}, "dead_lettered": {"1": 1}}}
+        assert status["relays"] == [
+            {
+                "kind": "kafka",
+                "held_copies": 0,
+                "lag": {f"{topic.name}-retry/{q}": 0 for q in (0, 1)},
+            }
+        ]
+        assert status["sinks"] == {}  # every publish confirmed
     finally:
         await worker.stop()
 
@@ -199,14 +156,24 @@ async def test_kill_9_between_the_retry_copy_and_the_commit(
     gate = tmp_path / "gate"
     gate.touch()
     env = {"STREAMAPP_TEST_RETRY_GATE": str(gate)}
-    crash = {**env, "STREAMAPP_TEST_CRASH_BEFORE_COMMIT": f"{ns}rt-in-retry"}
+    crash = {
+        **env,
+        crashpoint.AT: "before_commit",
+        crashpoint.TOPIC: f"{ns}rt-in-retry",  # the first transaction with a retry copy
+    }
     events = [
         Event.create("add", stream_id=f"s{i % 4}", data={"n": 1}, version=i // 4 + 1)
         for i in range(20)
     ]
     events.insert(5, Event.create("gated", stream_id="g", data={"n": 100}, id="gated", version=1))
     first = WorkerProc(
-        kafka_bootstrap, ns, tmp_path / "d", tmp_path / "w1.log", app_ref=RETRY_APP, extra_env=crash
+        kafka_bootstrap,
+        ns,
+        tmp_path / "d",
+        tmp_path / "w1.log",
+        app_ref=RETRY_APP,
+        extra_env=crash,
+        launcher="tests.support.crashpoint",
     ).start()
     await wait_ready(first)
     await _send(kafka_bootstrap, f"{ns}rt-in", events)
@@ -244,10 +211,3 @@ async def test_kill_9_between_the_retry_copy_and_the_commit(
         assert not await _read(kafka_bootstrap, f"{ns}rt-in-dlq")
     finally:
         assert second.stop() == 0, second.log_text()[-3000:]
-
-
-async def _value(worker: Worker, table: str, key: str) -> Any:
-    """The key's committed value from the worker's view (None: absent or not served)."""
-    url = f"http://127.0.0.1:{worker.web_port}/tables/{table}/{key}"
-    async with aiohttp.ClientSession() as http, http.get(url) as r:
-        return await r.json() if r.status == 200 else None

@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,15 +95,14 @@ def test_up_refuses_a_taken_port_and_says_how_to_override(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        started = time.monotonic()
         result = run(script_env(home, **{var: str(port)}), "up", service, timeout=30)
-        elapsed = time.monotonic() - started
 
     assert result.returncode != 0, result.stdout + result.stderr
     assert f"{service}: port 127.0.0.1:{port} is already in use" in result.stderr
     assert f"{var}={port + 100}" in result.stderr  # how to override
     assert f"up {service}" in result.stderr
-    assert elapsed < 15, "a taken port must be reported in the preflight, before any start"
+    # reported in the preflight, before any start: no "<service>: starting" line, no process
+    assert f"{service}: starting" not in result.stdout, result.stdout
     assert not processes_mentioning(str(home)), "nothing may have been started"
 
 
@@ -125,11 +123,10 @@ def test_postgres_lifecycle_on_its_own_port(home: Path) -> None:
             row = conn.execute("select current_database(), inet_server_port()").fetchone()
         assert row == ("streamapp", port)
 
-        started = time.monotonic()
         again = run(env, "up", "postgres", timeout=30)
         assert again.returncode == 0, again.stdout + again.stderr
-        assert time.monotonic() - started < 10
         assert "postgres: already running (pid " in again.stdout
+        assert "postgres: starting" not in again.stdout  # found running, nothing started
         assert "initdb" not in again.stdout
 
         status = run(env, "status", "postgres", timeout=30)
@@ -169,12 +166,12 @@ def test_postgres_that_never_becomes_ready_is_named_with_its_log_tail(home: Path
     data_dir.mkdir(mode=0o700, parents=True)
     (data_dir / "PG_VERSION").write_text("15\n")
     try:
-        started = time.monotonic()
         result = run(env, "up", "postgres", timeout=40)
-        elapsed = time.monotonic() - started
 
         assert result.returncode != 0, result.stdout + result.stderr
-        assert elapsed < 20
+        # the wait ended because the postmaster exited, not at the readiness bound
+        assert "postgres: the server exited during start-up" in result.stderr
+        assert "not ready on 127.0.0.1" not in result.stderr
         assert "not ready: postgres" in result.stderr  # says which service
         log = pg_dir / "log" / "postgres.log"
         assert f"----- last 40 lines of {log} -----" in result.stderr

@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from .harness import WorkerProc, append_to_store, order_events, read_table, wait_ready
+from .harness import (
+    WorkerProc,
+    append_to_store,
+    order_events,
+    read_table,
+    wait_ready,
+    wait_statuses,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -74,12 +81,22 @@ async def test_kill_9_and_restart_keeps_the_table_exact(tmp_path: Path) -> None:
     try:
         await wait_ready(worker)
         appending = asyncio.create_task(_append_slowly(url, events[5_000:]))
-        await asyncio.sleep(1.0)
+        # mid-stream, observed: the worker applied some of the appends, more are coming
+        statuses = await wait_statuses(
+            [worker], lambda ss: applied(ss[0]) >= 6_000, "6,000 events applied", 60
+        )
+        assert not appending.done(), "the appends ended before the kill"
         worker.kill()  # mid-stream: appends go on
+        at_kill = applied(statuses[0])
         worker = _worker(tmp_path, url).start()
         await appending
         await wait_ready(worker)
         await _wait_exact(worker, expected)
+        status = await worker.status()
+        assert status is not None
+        # the restart resumed from its checkpoints, not from the start of the store
+        assert applied(status) < 20_000, (applied(status), at_kill)
+        print(f"store only: killed after {at_kill} applied; the restart applied {applied(status)}")
     finally:
         if worker.alive:
             worker.kill()
@@ -106,6 +123,11 @@ async def test_a_second_worker_of_the_app_is_refused(tmp_path: Path) -> None:
         assert first.alive
     finally:
         assert first.stop() == 0
+
+
+def applied(status: dict[str, Any]) -> int:
+    """Events the worker applied since it started, replayed or live (its /status)."""
+    return sum(int(p["processed"]) + int(p["replayed"]) for p in status["partitions"].values())
 
 
 async def _append_slowly(url: str, events: list[Any]) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from streamapp import App, Event, Outcome, Park, Refuse, Retry, Table, TableView
-from streamapp.engine.task import AgentRefusedError
+from streamapp.errors import AgentRefusedError
 from streamapp.memory import MemoryBroker
 
 

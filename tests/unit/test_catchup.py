@@ -1,97 +1,32 @@
 """Catch-up then live on a real SQLite event store, with appends racing the handover.
 
 The feed (one reader per worker) must never hand a stored chunk to a partition that has
-gone live, and the handover must leave ``caught_up`` in the checkpoint; a changelog
-records every batch so that two batches in flight at once would show.
+gone live, and the handover must leave ``caught_up`` in the checkpoint; a recording
+transaction keeps every batch so that two batches in flight at once would show.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from streamapp import Event, FromEventStore, Table, TableView
-from streamapp.agent import Agent, TopicSpec
+from streamapp.agent import Agent
 from streamapp.catchup import StoreFeed
-from streamapp.engine.delivery import Delivery
+from streamapp.codecs import kafka as codec
+from streamapp.engine.factory import TaskFactory
 from streamapp.engine.phase import Phase
-from streamapp.engine.task import PartitionTask, TaskConfig
+from streamapp.engine.task import PartitionTask
+from streamapp.engine.task_config import TaskConfig
 from streamapp.eventstore import Append, open_store
-from streamapp.kafka import codec
-from streamapp.tables.partition import BatchChanges, PartitionTables, spaces_for
+from streamapp.records import Delivery
+from streamapp.tables.partition import spaces_for
 from streamapp.tables.store import MemoryStore
+from streamapp.topics import TopicSpec
+from tests.support.doubles import MemoryPort, RecordingTransaction
 
 TABLE: Table[int] = Table("t")
-
-
-class RecordingChangelog:
-    """A transaction kept in memory that notices overlapping commits."""
-
-    def __init__(self) -> None:
-        self.batches: list[BatchChanges] = []
-        self.in_flight = 0
-        self.overlaps = 0
-
-    async def open(self) -> None:
-        pass
-
-    async def restore(self, agent: Agent, tables: PartitionTables) -> int:
-        return 0
-
-    async def commit(
-        self, changes: Sequence[tuple[Agent, BatchChanges]], outputs: Any, settle: Any
-    ) -> list[int]:
-        self.in_flight += 1
-        self.overlaps += self.in_flight > 1
-        await asyncio.sleep(0.002)
-        self.in_flight -= 1
-        out = []
-        for _, batch in changes:
-            self.batches.append(batch)
-            out.append(len(self.batches))
-        return out
-
-    async def reset(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
-class LivePort:
-    """A live source with nothing to deliver yet: it records where it was started."""
-
-    absolute = True
-
-    def __init__(self) -> None:
-        self.begun: list[int | None] = []
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def rewind(self, position: int) -> None:
-        pass
-
-    async def settle(self, position: int, ahead: Any = None) -> None:
-        pass
-
-    async def committed(self) -> None:
-        return None
-
-    def end(self) -> int | None:
-        return None
-
-    async def through(self, position: int) -> int:
-        return position
-
-    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
-        self.begun.append(position)
-        return position or 0
 
 
 async def test_appends_racing_the_handover_never_reach_a_live_partition(tmp_path: Path) -> None:
@@ -111,22 +46,23 @@ async def test_appends_racing_the_handover_never_reach_a_live_partition(tmp_path
     await store.append_many([Append(f"s{i % 7}", [_ev(f"h{i}", f"s{i % 7}")]) for i in range(300)])
     feed = StoreFeed(store, chunk=50, poll_s=0.01)
     memory = MemoryStore(spaces_for([TABLE]))
-    changelog, port = RecordingChangelog(), LivePort()
+    changelog, port = RecordingTransaction(commit_s=0.002), MemoryPort()
 
     async def park(delivery: Delivery, reason: str) -> bool:
         return False
 
-    task = PartitionTask(
+    task = TaskFactory(
+        config=TaskConfig(redeliver_pause_s=0.0),
+        decode=lambda d: codec.decode(d.key, d.value, d.headers),
+        park=lambda agent, name: park,
+        history=feed,
+    ).create(
         agent,
         0,
         port,
         name="topic[0]",
-        config=TaskConfig(redeliver_pause_s=0.0),
-        decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=lambda agent: park,
         open_store=lambda agent, spaces: memory,
         transaction=changelog,
-        history=feed,
     )
     task_ref.append(task)
     feed.start()
@@ -212,16 +148,17 @@ async def test_a_replayed_event_failing_mid_chunk_is_retried_from_it_and_applied
         return lambda agent, spaces: RocksStore(tmp_path / str(p), spaces)
 
     tasks = [
-        PartitionTask(
-            agent,
-            p,
-            LivePort(),
-            name=f"topic[{p}]",
+        TaskFactory(
             config=TaskConfig(redeliver_pause_s=0.0),
             decode=lambda d: codec.decode(d.key, d.value, d.headers),
-            park=lambda agent: park,
-            open_store=opener(p),
+            park=lambda agent, name: park,
             history=feed,
+        ).create(
+            agent,
+            p,
+            MemoryPort(),
+            name=f"topic[{p}]",
+            open_store=opener(p),
         )
         for p in (0, 1)
     ]

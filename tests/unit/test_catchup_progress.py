@@ -1,51 +1,172 @@
-"""Catch-up progress: a log line with events, rate and ETA; a bar on a terminal."""
+"""Catch-up progress on a real worker and SQLite store: a line every few seconds by events
+applied (a store smaller than one read chunk included), counts and an ETA that hold,
+``/status`` counts that grow; a poison event is named in ``/status``, ``/readyz`` and the
+log, and the events read again to retry it are not counted twice."""
 
 from __future__ import annotations
 
-import io
+import asyncio
 import logging
+import re
+import time
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
-from streamapp import catchup
-from streamapp.eventstore.base import StoredRow
+from streamapp import App, Event, FromEventStore, Table, TableView, catchup_progress
+from streamapp.eventstore import Append, open_store
+from streamapp.worker import Worker
+
+EVENTS = 12_000
+COUNTS: Table[int] = Table("counts")
+LINE = re.compile(r"catching up: (\d+) of (\d+) events applied \(store head (\d+)\), .*ETA (\d+)s")
 
 
-class _Feed:
-    def __init__(self, head: int) -> None:
-        self.head = head
-        self._waiting: dict[Any, Any] = {"task": object()}
+async def _fill(url: str, n: int, poison: int | None = None) -> None:
+    store = await open_store(url)
+    try:
+        await store.append_many(
+            [
+                Append(
+                    f"s-{i % 50}",
+                    [
+                        Event.create(
+                            "order.poison" if i == poison else "order.placed",
+                            stream_id=f"s-{i % 50}",
+                            id=f"e{i}",
+                            data={"i": i},
+                        )
+                    ],
+                )
+                for i in range(1, n + 1)
+            ]
+        )
+    finally:
+        await store.close()
 
 
-def rows(start: int, n: int) -> list[StoredRow]:
-    return [(p, "s", b"{}") for p in range(start, start + n)]
+async def _get(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with http.get(url) as r:
+        return r.status, await r.json()
 
 
-def test_progress_logs_events_rate_and_eta(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+def _worker(app: App, url: str, tmp_path: Path) -> Worker:
+    settings = app.settings(
+        broker="none", event_store=url, web_port=0, data_dir=tmp_path, poll_timeout_ms=100
+    )
+    return Worker(app, settings)
+
+
+async def test_progress_is_logged_by_events_applied_with_an_eta_while_work_is_left(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = iter([0.0, 10.0, 20.0])
-    monkeypatch.setattr(catchup.time, "monotonic", lambda: next(clock))
-    progress = catchup._Progress()
-    progress.bar = False
+    monkeypatch.setattr(catchup_progress, "EVERY_S", 1.0)
+    url = f"sqlite:///{tmp_path}/e.db"
+    await _fill(url, EVENTS)  # fewer than one read chunk (50,000)
+    app = App("progress")
+
+    @app.agent(app.topic("orders", partitions=1), tables=[COUNTS], history=FromEventStore())
+    async def agent(event: Event, counts: TableView[int]) -> None:
+        counts[event.stream_id or ""] = counts.get(event.stream_id or "", 0) + 1
+        busy = time.perf_counter() + 0.0004  # ~5 s for the store: long enough to watch
+        while time.perf_counter() < busy:
+            pass
+
+    worker = _worker(app, url, tmp_path)
+    seen: list[int] = []
     with caplog.at_level(logging.INFO, logger="streamapp.catchup"):
-        progress.tick(_Feed(head=4000), rows(1, 1000))  # t=10 s: 1000 events, 100 ev/s
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert "1000 events replayed" in line
-    assert "store position 1000 of 4000" in line
-    assert "100 ev/s" in line
-    assert "ETA 30s" in line
+        await worker.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{worker.web_port}"
+                while (await _get(http, f"{base}/readyz"))[0] != 200:
+                    _, body = await _get(http, f"{base}/status")
+                    progress = body["history"]["progress"]
+                    if progress["active"] and progress["total"]:  # 0: nothing read yet
+                        assert progress["total"] == EVENTS
+                        seen.append(progress["applied"])
+                    await asyncio.sleep(0.3)
+        finally:
+            await worker.stop()
+    ended = next(r for r in caplog.records if r.getMessage().startswith("caught up:"))
+    assert ended.getMessage().startswith(f"caught up: {EVENTS} events applied in ")
+    lines = [(r.created, LINE.search(r.getMessage())) for r in caplog.records]
+    found = [(at, m) for at, m in lines if m is not None]
+    assert len(found) >= 3, [r.getMessage() for r in caplog.records]
+    applied = [int(m.group(1)) for _, m in found]
+    assert applied == sorted(applied)  # a stalled machine may log one count twice
+    assert len(set(applied)) >= 3, applied
+    assert all(int(m.group(2)) == EVENTS and int(m.group(3)) == EVENTS for _, m in found)
+    for at, m in found:  # never "ETA 0s" with most of the work left (the old chunk count)
+        left_s, eta = ended.created - at, int(m.group(4))
+        if int(m.group(1)) <= 0.8 * EVENTS:
+            assert eta >= 1, (eta, left_s, applied)
+    growing = [n for n in seen if 0 < n < EVENTS]
+    assert len(set(growing)) >= 3, seen  # /status shows the counts as they grow
+    assert growing == sorted(growing)
 
 
-def test_progress_draws_a_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter([0.0, 10.0])
-    monkeypatch.setattr(catchup.time, "monotonic", lambda: next(clock))
-    out = io.StringIO()
-    monkeypatch.setattr(catchup.sys, "stderr", out)
-    progress = catchup._Progress()
-    progress.bar = True
-    progress.tick(_Feed(head=2000), rows(1, 1000))
-    assert "catching up [" + "#" * 15 + "." * 15 + "] 1000/2000" in out.getvalue()
-    progress.done()
-    assert out.getvalue().endswith("\n")
+async def test_a_poison_event_during_catch_up_is_named_and_retries_count_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catchup_progress, "EVERY_S", 0.5)
+    url = f"sqlite:///{tmp_path}/e.db"
+    await _fill(url, 3000, poison=1234)
+    app = App("poison")
+    failing = [True]
+
+    @app.agent(app.topic("orders", partitions=2), tables=[COUNTS], history=FromEventStore())
+    async def agent(event: Event, counts: TableView[int]) -> None:
+        counts[event.stream_id or ""] = counts.get(event.stream_id or "", 0) + 1
+        if event.type == "order.poison" and failing[0]:
+            raise ValueError(f"cannot handle {event.id}")
+
+    worker = _worker(app, url, tmp_path)
+    with caplog.at_level(logging.INFO, logger="streamapp"):
+        await worker.start()
+        try:
+            base = f"http://127.0.0.1:{worker.web_port}"
+            async with aiohttp.ClientSession() as http:
+                deadline = time.monotonic() + 60
+                while True:
+                    _, body = await _get(http, f"{base}/status")
+                    stuck = [p["stuck_on"] for p in body["partitions"].values() if p["stuck_on"]]
+                    if stuck and stuck[0]["attempts"] >= 3:
+                        break
+                    assert time.monotonic() < deadline, body
+                    await asyncio.sleep(0.2)
+                (record,) = stuck
+                assert {k: record[k] for k in ("position", "stream_id", "version", "type")} == {
+                    "position": 1234,
+                    "stream_id": "s-34",
+                    "version": 1234 // 50 + 1,
+                    "type": "order.poison",
+                }
+                assert "cannot handle e1234" in record["last_error"]
+                assert body["history"]["progress"]["eta_s"] is None  # no ETA while stuck
+                status, ready = await _get(http, f"{base}/readyz")
+                assert status == 503
+                (name,) = ready["not_live"]
+                assert ready["stuck_on"][name]["position"] == 1234
+                assert "is stuck on store position 1234" in ready["stuck_on"][name]["message"]
+                while ", stuck" not in caplog.text:  # a progress line while stuck
+                    assert time.monotonic() < deadline, caplog.text[-3000:]
+                    await asyncio.sleep(0.1)
+                failing[0] = False  # fixed: the next attempt goes through
+                while (await _get(http, f"{base}/readyz"))[0] != 200:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+                _, body = await _get(http, f"{base}/status")
+                assert all(p["stuck_on"] is None for p in body["partitions"].values())
+        finally:
+            await worker.stop()
+    text = caplog.text
+    assert re.search(
+        r"orders\[\d\] is stuck on store position 1234 \(stream 's-34' version 25, type "
+        r"'order.poison'\) after \d+ failed attempts; last error: .*cannot handle e1234",
+        text,
+    ), text
+    assert ", stuck" in text  # the progress line says stuck, not ETA 0s
+    assert "caught up: 3000 events applied" in text  # re-reads of the retries count once

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from pathlib import Path
 
 import orjson
@@ -100,10 +99,8 @@ async def test_start_gives_up_after_the_retry_budget_and_names_the_setting() -> 
         startup_retry=Backoff(attempts=3, initial_s=0.01, max_s=0.02),
         web_port=0,
     )
-    started = time.monotonic()
     with pytest.raises(BrokerUnavailableError, match=r"kafka_bootstrap.*after 3 attempts"):
-        await Worker(app, settings).start()
-    assert time.monotonic() - started < 10
+        await asyncio.wait_for(Worker(app, settings).start(), 60)  # the bound only stops a hang
 
 
 async def test_a_taken_web_port_is_named_before_any_broker_is_asked() -> None:

@@ -12,8 +12,7 @@ from click.testing import CliRunner, Result
 
 from streamapp.cli import main
 from streamapp.web.views import make_app
-
-from .webworld import World, order, orders_app
+from tests.support.webworld import World, order, orders_app, versions_app
 
 TOKEN = "cli-token-9"
 
@@ -44,7 +43,9 @@ async def test_tables_get_prints_the_value(url: str) -> None:
     assert result.exit_code == 0, result.output
     assert orjson.loads(result.output) == {"status": "paid"}
     result = await _cli(["tables", "get", "order_status", "other-1", "--url", url, "--meta"])
-    assert orjson.loads(result.output)["version"] == 0  # no streamversion on these events
+    meta = orjson.loads(result.output)
+    assert meta["stream_version"] == 0  # no streamversion on these events
+    assert meta["version"] == 1  # the table version that answered
 
 
 async def test_tables_get_without_token_fails_with_the_json_error(url: str) -> None:
@@ -68,3 +69,44 @@ async def test_unreachable_worker_is_one_line(url: str) -> None:
     result = await _cli(["tables", "get", "t", "k", "--url", "http://127.0.0.1:1"])
     assert result.exit_code == 1
     assert result.output.startswith("Error: cannot reach a worker at http://127.0.0.1:1")
+
+
+@pytest.fixture
+async def versions_url() -> AsyncIterator[str]:
+    world = World(versions_app())
+    await world.own(range(4))
+    await world.task(3).close()  # v1 and v2 live on 3 of 4 partitions
+    runner = web.AppRunner(make_app(world.assignment, "w1"))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_tables_prints_one_line_per_version(versions_url: str) -> None:
+    result = await _cli(["tables", "--url", versions_url], token=None)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "order_status v1 active 3/4",
+        "order_status v2 building 3/4",
+    ]
+    result = await _cli(["tables", "--url", versions_url, "--json"], token=None)
+    lines = [orjson.loads(line) for line in result.output.splitlines()]
+    assert [(v["table"], v["version"], v["state"]) for v in lines] == [
+        ("order_status", 1, "active"),
+        ("order_status", 2, "building"),
+    ]
+    assert lines[1]["declared_by"] == ["w1"]
+    assert lines[1]["progress"] is None  # its one partition not live is closed, not building
+
+
+async def test_tables_finds_the_worker_from_the_apps_settings(versions_url: str) -> None:
+    port = versions_url.rsplit(":", 1)[1]
+    env = {"STREAMAPP_WEB_TOKEN": "", "STREAMAPP_WEB_PORT": port}
+    result = await asyncio.to_thread(
+        CliRunner().invoke, main, ["tables", "-A", "agents.orders:app"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == "order_status v1 active 3/4"

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamapp import DecodeError, Event
+from streamapp.codecs.kafka import decode, encode, encode_structured
 from streamapp.events import CORE
-from streamapp.kafka.codec import decode, encode, encode_structured
 
 REQUIRED_HEADERS = [
     ("ce_id", b"evt-1"),

@@ -12,80 +12,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from streamapp import App, Event, PublishError, Send, Table, TableView
 from streamapp.agent import Agent
-from streamapp.engine.delivery import Delivery, Message
-from streamapp.engine.port import Committed
-from streamapp.engine.task import PartitionTask, TaskConfig
-from streamapp.kafka import codec
-from streamapp.sink import Message as Outgoing
+from streamapp.codecs import kafka as codec
+from streamapp.engine.factory import TaskFactory
+from streamapp.engine.interfaces import Committed
+from streamapp.engine.task import PartitionTask
+from streamapp.engine.task_config import TaskConfig
+from streamapp.records import Delivery, DeliveryRecord, Message
 from streamapp.tables.partition import BatchChanges, PartitionTables
 from streamapp.tables.store import MemoryStore, Store
-
-
-class Port:
-    absolute = True
-
-    def __init__(self, committed: Committed | None = None) -> None:
-        self.settled: list[tuple[int, dict[str, int]]] = []
-        self.rewound: list[int] = []
-        self._committed = committed
-        self.log: list[str] | None = None
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def rewind(self, position: int) -> None:
-        self.rewound.append(position)
-
-    async def settle(self, position: int, ahead: Mapping[str, int] = {}) -> None:
-        self.settled.append((position, dict(ahead)))
-        if self.log is not None:
-            self.log.append(f"settle {position}")
-
-    async def committed(self) -> Committed | None:
-        return self._committed
-
-    async def begin(self, position: int | None, *, stateful: bool, earliest: bool = False) -> int:
-        return 0 if position is None else position
-
-    def end(self) -> int | None:
-        return None
-
-    async def through(self, position: int) -> int:
-        return position
-
-
-class Transaction:
-    def __init__(self) -> None:
-        self.commits: list[tuple[list[tuple[str, BatchChanges]], list[Outgoing], Any]] = []
-
-    async def open(self) -> None:
-        pass
-
-    async def restore(self, agent: Agent, tables: PartitionTables) -> int:
-        return 0
-
-    async def commit(
-        self,
-        changes: Sequence[tuple[Agent, BatchChanges]],
-        outputs: Sequence[Outgoing],
-        settle: Committed | None,
-    ) -> list[int]:
-        self.commits.append(([(a.name, b) for a, b in changes], list(outputs), settle))
-        return [len(self.commits)] * len(changes)
-
-    async def reset(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
+from tests.support.doubles import MemoryPort as Port
+from tests.support.doubles import RecordingTransaction as Transaction
+from tests.support.doubles import no_park
 
 
 def app_with_lanes(calls: list[str], fail: str = "") -> App:
@@ -114,12 +56,8 @@ def records(*ids: str, start: int = 0) -> list[Delivery]:
     out: list[Delivery] = []
     for i, eid in enumerate(ids):
         key, value, headers = codec.encode(Event.create("x", stream_id="s", id=eid))
-        out.append(Message("in", 0, start + i, key, value, tuple(headers)))
+        out.append(DeliveryRecord("in", 0, start + i, key, value, tuple(headers)))
     return out
-
-
-async def no_park(delivery: Delivery, reason: str) -> bool:
-    return False
 
 
 def task(
@@ -133,18 +71,19 @@ def task(
     def open_store(agent: Agent, spaces: list[str]) -> Store:
         return stores.setdefault(agent.name, MemoryStore(spaces))
 
-    return PartitionTask(
+    return TaskFactory(
+        config=TaskConfig(redeliver_pause_s=0.0),
+        decode=lambda d: codec.decode(d.key, d.value, d.headers),
+        park=lambda agent, name: no_park,
+        encode=codec.encode,
+        publish=publish,
+    ).create(
         app.agents_of("in"),
         0,
         port,
         name="in[0]",
-        config=TaskConfig(redeliver_pause_s=0.0),
-        decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=lambda agent: no_park,
         open_store=open_store,
         transaction=transaction,
-        encode=codec.encode,
-        publish=publish,
     )
 
 
@@ -186,14 +125,13 @@ async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_tr
         async def commit(
             self,
             changes: Sequence[tuple[Agent, BatchChanges]],
-            outputs: Sequence[Outgoing],
+            outputs: Sequence[Message],
             settle: Committed | None,
         ) -> list[int]:
             order.append(f"transaction (store before: {stores['keep'].get('t:kept', b's')!r})")
             return await super().commit(changes, outputs, settle)
 
-    port, txn = Port(), Recording()
-    port.log = order
+    port, txn = Port(log=order), Recording()
     t = task(app, port, stores, transaction=txn)
     await t.open()
     await t.process(records("e0", "e1"))
@@ -229,10 +167,9 @@ async def test_without_a_transaction_sends_are_confirmed_before_the_store_and_th
     calls: list[str] = []
     order: list[str] = []
     stores: dict[str, Store] = {}
-    port = Port()
-    port.log = order
+    port = Port(log=order)
 
-    async def publish(messages: Sequence[Outgoing]) -> None:
+    async def publish(messages: Sequence[Message]) -> None:
         kept = stores["keep"].get("t:kept", b"s")
         order.append(f"publish {len(messages)} (store before: {kept!r})")
 
@@ -255,14 +192,14 @@ class CommitsThenTimesOut(Transaction):
     async def commit(
         self,
         changes: Sequence[tuple[Agent, BatchChanges]],
-        outputs: Sequence[Outgoing],
+        outputs: Sequence[Message],
         settle: Committed | None,
     ) -> list[int]:
         positions = await super().commit(changes, outputs, settle)
         if len(self.commits) > 1:
             return positions
         self.unseen = {agent.name: batch for agent, batch in changes}
-        self.port._committed = settle  # the offset was in the transaction
+        self.port.committed_at = settle  # the offset was in the transaction
         raise PublishError("transaction not committed within 10s (setting publish_timeout_s)")
 
     async def restore(self, agent: Agent, tables: PartitionTables) -> int:
@@ -324,8 +261,7 @@ async def test_on_a_session_numbered_source_every_lane_starts_with_the_session()
     await first.close()
     assert [lane.committed for lane in first.lanes] == [2, 1]  # a is ahead of b
 
-    session = Port()
-    session.absolute = False
+    session = Port(absolute=False)
     calls.clear()
     again = task(app, session, stores)
     await again.open()

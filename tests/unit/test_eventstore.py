@@ -247,7 +247,7 @@ async def test_sqlite_relative_url_is_from_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    store = await open_store("sqlite:///sub/dir/events.db")
+    store = await open_store("sqlite:///sub/dir/events.db?create=1")
     try:
         assert isinstance(store, SqliteEventStore)
         assert store.path == tmp_path / "sub" / "dir" / "events.db"

@@ -4,21 +4,21 @@ version guard, and the brokers that refuse it."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import Counter
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from streamapp import App, ConfigError, Event, FromEventStore, Park, Table, TableView
-from streamapp.app import TopicRole
+from streamapp.cli import main
+from streamapp.codecs import kafka as codec
 from streamapp.engine.assignment import Assignment
-from streamapp.kafka import codec
 from streamapp.memory import MemoryBroker, StuckRecordsError
 from streamapp.outcomes import Outcome
 from streamapp.partitioner import partition_for
-from streamapp.rabbitmq.topology import create_topology
+from streamapp.topics import TopicRole
 from streamapp.worker import Worker
 
 
@@ -237,8 +237,14 @@ def test_brokers_that_cannot_re_key_refuse_naming_the_agent(broker: str) -> None
         Worker(app, app.settings(broker=broker))
 
 
-def test_rabbitmq_topics_create_refuses_before_connecting() -> None:
-    app, _ = shop()
-    settings = app.settings(broker="rabbitmq", amqp_url="amqp://guest:guest@127.0.0.1:1/")
-    with pytest.raises(ConfigError, match="agent 'per_customer' consumes 'orders' re-keyed"):
-        asyncio.run(create_topology(app, settings))
+SHOP, _ = shop()
+"""For ``-A tests.unit.test_group_by:SHOP``."""
+
+
+def test_rabbitmq_topics_create_refuses_before_connecting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMAPP_BROKER", "rabbitmq")
+    monkeypatch.setenv("STREAMAPP_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")  # nothing there
+    result = CliRunner().invoke(main, ["topics", "create", "-A", "tests.unit.test_group_by:SHOP"])
+    assert result.exit_code == 1
+    assert "agent 'per_customer' consumes 'orders' re-keyed" in result.output
+    assert "did not answer" not in result.output  # refused before any connection

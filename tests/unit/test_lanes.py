@@ -85,7 +85,7 @@ def test_agents_of_one_topic_keep_their_own_tables() -> None:
     topic = app.topic("in")
     table: Table[int] = Table("t")
     app.agent(topic, tables=[table], name="x")(_noop)
-    with pytest.raises(ConfigError, match=r"agent 'y': table\(s\) \['t'\] belong to agent 'x'"):
+    with pytest.raises(ConfigError, match=r"agent 'y': table 't' is written by agent 'x' already"):
         app.agent(topic, tables=[table], name="y")(_one_table)
 
 
@@ -162,12 +162,12 @@ async def test_an_unavailable_read_waits_and_is_no_failure() -> None:
 
     broker = MemoryBroker(app, max_attempts=2)
     writer_task, _ = await broker._task("a", 0)
-    writer_task.phase = writer_task.phase.RESTORING  # as if its partition were restoring
+    writer_task.transition_to(writer_task.phase.RESTORING)  # as if its partition were restoring
     broker.send("b", _ev("look"))
     with pytest.raises(StuckRecordsError):
         await broker.process()
     assert broker.records("b.parked") == []  # unavailable is not a failure
-    writer_task.phase = writer_task.phase.LIVE
+    writer_task.transition_to(writer_task.phase.LIVE)
     broker.send("a", _ev("add"))
     await broker.process()
     assert broker.table("seen").get("s") == 7  # topic "a" is drained first: the add, then the look

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from streamapp import App, ConfigError, Event, Park, Redeliver, Send, Table, TableView
-from streamapp.app import TopicRole
-from streamapp.kafka import codec
+from streamapp.codecs import kafka as codec
 from streamapp.memory import MemoryBroker, StuckRecordsError
 from streamapp.partitioner import partition_for
+from streamapp.topics import TopicRole
 
 
 def _derived(event: Event, suffix: str = "d") -> Event:

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from streamapp import DecodeError, Event
-from streamapp.rabbitmq.codec import decode, encode
+from streamapp.codecs.amqp import decode, encode
 from streamapp.rabbitmq.wire import KEY_HEADER, from_message, to_message, to_properties
 
 REQUIRED = [

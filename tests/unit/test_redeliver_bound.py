@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 
 from streamapp import App, ConfigError, Event, Outcome, Park, Redeliver, Settings, Table, TableView
-from streamapp.agent import Agent, TopicSpec
+from streamapp.agent import Agent
+from streamapp.codecs import kafka as codec
 from streamapp.engine.attempts import Attempts
-from streamapp.engine.delivery import Delivery, Message
 from streamapp.engine.lane import Lane, run_lanes
 from streamapp.engine.pace import doubled
-from streamapp.engine.task import TaskConfig
-from streamapp.kafka import codec
+from streamapp.engine.task_config import TaskConfig
 from streamapp.memory import MemoryBroker, StuckRecordsError
+from streamapp.records import Delivery, DeliveryRecord
+from streamapp.topics import TopicSpec
 
 PARKED = "in.parked"
 
@@ -173,9 +174,9 @@ async def test_the_memory_broker_lists_every_stuck_partition_and_agent() -> None
 
 
 # run_batch: the fallback, directly ------------------------------------------------------
-def _message(eid: str, position: int = 7) -> Message:
+def _message(eid: str, position: int = 7) -> DeliveryRecord:
     key, value, headers = codec.encode(_ev(eid))
-    return Message("in", 0, position, key, value, tuple(headers))
+    return DeliveryRecord("in", 0, position, key, value, tuple(headers))
 
 
 async def _raise(event: Event) -> None:

@@ -130,7 +130,14 @@ def test_heartbeat_below_session_timeout() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["poll_timeout_ms", "max_batch_records", "replication_factor", "publish_timeout_s"]
+    "name",
+    [
+        "poll_timeout_ms",
+        "max_batch_records",
+        "replication_factor",
+        "publish_timeout_s",
+        "transaction_timeout_s",
+    ],
 )
 def test_non_positive_values_are_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=name):
@@ -259,3 +266,21 @@ def test_table_cache_keys_may_be_zero_not_negative() -> None:
     assert Settings(app_id="a", table_cache_keys=0).table_cache_keys == 0
     with pytest.raises(ConfigError, match="table_cache_keys"):
         Settings(app_id="a", table_cache_keys=-1)
+
+
+def test_publish_and_transaction_timeouts_are_separate() -> None:
+    """Confirms, parks and copies wait 5 s; a Kafka transaction may take 30 s."""
+    s = Settings(app_id="a")
+    assert (s.publish_timeout_s, s.transaction_timeout_s) == (5.0, 30.0)
+    env = {"STREAMAPP_TRANSACTION_TIMEOUT_S": "12.5", "STREAMAPP_PUBLISH_TIMEOUT_S": "2"}
+    s = Settings.from_env("a", env=env)
+    assert (s.publish_timeout_s, s.transaction_timeout_s) == (2.0, 12.5)
+    with pytest.raises(ConfigError, match="STREAMAPP_TRANSACTION_TIMEOUT_S"):
+        Settings(app_id="a", transaction_timeout_s=-1)
+
+
+def test_a_data_dir_given_as_text_is_a_path() -> None:
+    """``App(data_dir="...")`` as users write it: the worker joins paths onto it."""
+    settings = Settings.from_env("a", env={}, data_dir="some/dir")
+    assert settings.data_dir == Path("some/dir")
+    assert isinstance(settings.data_dir, Path)

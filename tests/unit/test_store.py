@@ -159,8 +159,7 @@ def test_rocks_second_open_times_out_with_store_locked(tmp_path: Path) -> None:
         started = time.monotonic()
         with pytest.raises(StoreLockedError) as info:
             RocksStore(path, SPACES, open_timeout_s=0.3)
-        elapsed = time.monotonic() - started
-        assert 0.3 <= elapsed < 2.0
+        assert time.monotonic() - started >= 0.3  # it retried for the whole timeout first
         assert str(path) in str(info.value)
         assert "store_open_timeout_s" in str(info.value)
         assert info.value.retriable is True

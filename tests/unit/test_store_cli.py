@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import time
 from pathlib import Path
 
 import orjson
@@ -12,7 +11,9 @@ from click.testing import CliRunner, Result
 
 from streamapp import Event
 from streamapp.cli import main
-from streamapp.structured import to_json
+from streamapp.codecs.structured import to_json
+from streamapp.eventstore.lines import LinesReport, append_lines
+from streamapp.eventstore.sqlite import SqliteEventStore
 
 APP = "agents.orders:app"
 
@@ -109,14 +110,26 @@ def test_conflict_deep_in_a_chunk_keeps_the_lines_before_it(env: dict[str, str])
     assert "appended 4500 events; head position 4500" in result.stdout
 
 
-def test_sixty_thousand_lines_take_seconds(env: dict[str, str]) -> None:
+def test_sixty_thousand_lines_all_go_in(env: dict[str, str]) -> None:
     text = b"\n".join(line(f"order-{i % 5000}") for i in range(60_000))
-    started = time.monotonic()
     result = run(env, "append", "-", stdin=text)
-    elapsed = time.monotonic() - started
     assert result.exit_code == 0, result.output
     assert "appended 60000 events; head position 60000" in result.stdout
-    assert elapsed < 30, f"60k lines took {elapsed:.1f}s"
+
+
+async def test_lines_go_in_one_transaction_per_chunk_not_per_line(tmp_path: Path) -> None:
+    """What makes a large append fast, observed on SQLite: 20,000 lines, 10 commits."""
+    store = await SqliteEventStore.open(f"sqlite:///{tmp_path}/events.db")
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    try:
+        lines = (line(f"order-{i % 5000}") for i in range(20_000))
+        report = await append_lines(store, lines, chunk=2000)
+        assert report == LinesReport(20_000)
+        assert await store.head() == 20_000
+    finally:
+        await store.close()
+    assert statements.count("BEGIN IMMEDIATE") == statements.count("COMMIT") == 10
 
 
 def test_help_says_earlier_lines_stay(env: dict[str, str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamapp import DecodeError, Event
-from streamapp.structured import from_json, from_stored, to_json
+from streamapp.codecs.structured import from_json, from_stored, to_json
 
 
 @pytest.mark.parametrize(

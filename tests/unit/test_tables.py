@@ -154,7 +154,8 @@ def test_take_batch_returns_changes_and_empties_overlays(pt: PartitionTables) ->
     status["uncommitted"] = 1  # an event still open is not part of the batch
 
     batch = pt.take_batch(Checkpoint(live=11))
-    assert batch.checkpoint == Checkpoint(live=11)
+    assert batch.checkpoint == Checkpoint(live=11, mark=batch.checkpoint.mark)
+    assert len(batch.checkpoint.mark) == 16
     assert batch.data == {
         "status": {b"a": orjson.dumps({"n": 1}), b"gone": None},
         "totals": {b"t": orjson.dumps(5)},
@@ -197,6 +198,31 @@ def test_checkpoint_encode_decode() -> None:
     assert Checkpoint(changelog=3).with_positions(cp.positions()) == Checkpoint(
         live=42, history=7, caught_up=True, changelog=3
     )
+
+
+def test_each_batch_has_its_own_mark_and_the_store_remembers_its_changelog_record(
+    pt: PartitionTables, store: MemoryStore
+) -> None:
+    first = pt.take_batch(Checkpoint(live=1))
+    second = pt.take_batch(Checkpoint(live=1))
+    assert first.checkpoint.mark != second.checkpoint.mark
+    assert orjson.loads(first.checkpoint.positions())["mark"] == first.checkpoint.mark
+    pt.write(first, changelog=12)  # records 0..11, the checkpoint record last
+    assert (pt.checkpoint.mark, pt.checkpoint.marked) == (first.checkpoint.mark, 11)
+    pt.write(second)  # no changelog: the lineage stays that of the last changelog batch
+    assert (pt.checkpoint.mark, pt.checkpoint.marked) == (first.checkpoint.mark, 11)
+    assert Checkpoint.decode(store.get(META, CHECKPOINT_KEY)) == pt.checkpoint
+
+
+def test_restore_chunk_takes_the_mark_and_offset_of_the_checkpoint_record(
+    pt: PartitionTables,
+) -> None:
+    chunk = changelog.RestoreChunk(pt)
+    chunk.apply(b"dstatus\x00k", orjson.dumps("v"), 40)
+    chunk.apply(b"c", Checkpoint(live=3, mark="ab" * 8).positions(), 41)
+    chunk.write(pt, 43)
+    cp = pt.checkpoint
+    assert (cp.live, cp.changelog, cp.mark, cp.marked) == (3, 43, "ab" * 8, 41)
 
 
 def test_checkpoint_of_an_older_layout_is_refused_clearly() -> None:

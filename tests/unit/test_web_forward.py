@@ -11,21 +11,11 @@ import pytest
 from aiohttp import web
 
 from streamapp.web.views import make_app
-
-from .webworld import World, order, orders_app
+from tests.support.doubles import StaticDirectory
+from tests.support.webworld import World, order, orders_app
 
 TOKEN = "fwd-token-1"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-class StaticDirectory:
-    """Owners by partition, as a membership topic would say."""
-
-    def __init__(self) -> None:
-        self.owners: dict[int, str] = {}
-
-    def owner_url(self, topic: str, partition: int) -> str | None:
-        return self.owners.get(partition)
 
 
 @dataclass

@@ -5,8 +5,7 @@ from __future__ import annotations
 from aiohttp.test_utils import TestClient, TestServer
 
 from streamapp.web.views import make_app
-
-from .webworld import World, order, orders_app
+from tests.support.webworld import World, order, orders_app
 
 
 async def test_healthz_answers_even_while_nothing_is_assigned() -> None:

@@ -8,8 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.web.metrics import WorkerMetrics
 from streamapp.web.views import make_app
-
-from .webworld import World, order, orders_app
+from tests.support.webworld import World, order, orders_app
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

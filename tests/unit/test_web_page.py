@@ -5,8 +5,7 @@ from __future__ import annotations
 from aiohttp.test_utils import TestClient, TestServer
 
 from streamapp.web.views import make_app
-
-from .webworld import World, orders_app
+from tests.support.webworld import World, orders_app
 
 
 async def test_openapi_describes_every_route() -> None:
@@ -23,7 +22,11 @@ async def test_openapi_describes_every_route() -> None:
     assert spec["paths"]["/healthz"]["get"]["security"] == []
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     params = {p["name"] for p in spec["paths"]["/tables/{table}/{key}"]["get"]["parameters"]}
-    assert params == {"table", "key", "min_version", "meta"}
+    assert params == {"table", "key", "min_version", "meta", "version"}
+    for path in ("/tables/{table}/{key}", "/tables/{table}"):
+        responses = spec["paths"][path]["get"]["responses"]
+        for code in ("200", "404", "503"):
+            assert "Streamapp-Table-Version" in responses[code]["headers"], (path, code)
 
 
 async def test_page_is_html_served_without_a_token_and_uses_the_api() -> None:

@@ -13,8 +13,7 @@ from streamapp.errors import ConfigError
 from streamapp.settings import Settings
 from streamapp.web import tables as web_tables
 from streamapp.web.views import make_app
-
-from .webworld import World, order, orders_app
+from tests.support.webworld import World, order, orders_app
 
 TOKEN = "s3cret-Token-42"
 

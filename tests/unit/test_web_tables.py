@@ -13,8 +13,7 @@ from streamapp.tables.partition import PartitionTables
 from streamapp.tables.store import MemoryStore
 from streamapp.web import tables as web_tables
 from streamapp.web.views import make_app
-
-from .webworld import World, order, orders_app
+from tests.support.webworld import World, order, orders_app
 
 
 @pytest.fixture
@@ -104,7 +103,8 @@ async def test_min_version_never_reached_is_503(
     key = _owned_key(world, {0, 1, 2})
     r = await client.get(f"/tables/order_status/{key}?min_version=9")
     assert r.status == 503
-    assert (await r.json())["version"] == 1
+    assert (await r.json())["stream_version"] == 1
+    assert r.headers["Streamapp-Table-Version"] == "1"
 
 
 def test_committed_version_ignores_the_open_batch() -> None:

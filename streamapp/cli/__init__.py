@@ -1,0 +1,18 @@
+"""The ``streamapp`` command: ``worker``, ``topics``, ``store``, ``forward``, ``tables``,
+``agents``, ``reset``, ``retire``, ``parked`` and ``dlq`` (``replay``), one module each.
+``-A MODULE[:ATTRIBUTE]`` goes before or after the command."""
+
+from . import (  # noqa: F401 (commands)
+    agents,
+    forward,
+    replay,
+    reset,
+    retire,
+    store,
+    tables,
+    topics,
+    worker,
+)
+from .main import load_app, main
+
+__all__ = ["load_app", "main"]

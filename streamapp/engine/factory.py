@@ -1,0 +1,106 @@
+"""Makes the partition tasks of one source (Kafka Streams' ``ActiveTaskCreator``).
+
+A source builds one :class:`TaskFactory` with what all its tasks share (settings,
+codec, parking, the event-store feed, metrics, where reads of other partitions go, who
+is told of a fatal stop) and asks it for a task per partition it takes, adding only
+that partition's own parts (its port, stores, transaction). The agents of a topic are
+checked once (:func:`~streamapp.engine.task_config.check_agents`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..agent import Agent
+from ..codecs import plain
+from ..errors import TableUnavailableError
+from ..outputs import Encoder
+from ..tables.reads import Locator
+from ..tables.store import Store
+from ..tables.table import Table
+from ..topics import TopicSpec
+from .attempts import Attempts
+from .delivery import Decoder, Parker
+from .interfaces import PartitionPort, Publish, TaskMetrics, Transaction
+from .lane import Lane
+from .metrics import NO_METRICS
+from .replay import HistoryFeed
+from .state import StoreOpener
+from .task import PartitionTask
+from .task_config import TaskConfig, check_agents
+
+ParkerFor = Callable[[Agent, str], Parker]
+"""The Parker of an agent in the partition of this name."""
+Fatal = Callable[[BaseException], None]
+"""Told when a partition cannot go on in this worker (an agent refused, a store behind
+its changelog, a store or an app that cannot open): the source fails, the worker stops
+and leaves, and another worker takes the partition over from its last commit."""
+
+
+def _unplugged(table: Table[Any], partition: int) -> Store:
+    raise TableUnavailableError(f"table {table.label!r}: this transport serves no table reads")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFactory:
+    """What every task of one source shares; :meth:`create` adds a partition's own."""
+
+    config: TaskConfig
+    decode: Decoder
+    park: ParkerFor
+    history: HistoryFeed | None = None
+    metrics: TaskMetrics = NO_METRICS
+    encode: Encoder | None = None
+    publish: Publish | None = None
+    """Where derived events go, confirmed, when the source has no transaction."""
+    locate: Locator = _unplugged
+    """Where a read of a table partition this task does not write is served."""
+    on_fatal: Fatal | None = None
+    _checked: set[tuple[str, bool]] = field(default_factory=set, compare=False, repr=False)
+
+    def create(
+        self,
+        agents: Agent | Sequence[Agent],
+        partition: int,
+        port: PartitionPort,
+        *,
+        name: str,
+        open_store: StoreOpener | None = None,
+        transaction: Transaction | None = None,
+    ) -> PartitionTask:
+        """The task of ``partition`` running ``agents`` (those of one topic)."""
+        agents = [agents] if isinstance(agents, Agent) else list(agents)
+        checked = (",".join(a.name for a in agents), transaction is not None)
+        if checked not in self._checked:
+            sends = transaction is not None or self.publish is not None
+            check_agents(name, agents, sends=sends, encodes=self.encode is not None)
+            self._checked.add(checked)
+        return PartitionTask(
+            agents, partition, port, name=name, factory=self, open_store=open_store,
+            transaction=transaction,
+        )  # fmt: skip
+
+    def decode_for(self, topic: TopicSpec) -> Decoder:
+        """How the deliveries of ``topic`` become events: the transport's CloudEvents
+        decoder, or a plain topic's own (:mod:`streamapp.codecs.plain`)."""
+        return plain.decoder(topic) if topic.plain else self.decode
+
+    def lanes(self, agents: Sequence[Agent], name: str, closing: asyncio.Event) -> list[Lane]:
+        """A lane per agent of the task of partition ``name`` (``closing``: its close)."""
+        config, lanes = self.config, []
+        for agent in agents:
+            pause_s = config.first_pause_s(agent.on_failure)
+            attempts = Attempts(pause_s, config.redeliver_backoff_max_s)
+            lane = Lane(agent, self.park(agent, name), attempts, self.encode)
+            lane.tracks = config.replay_on_open and agent.history is not None
+            lane.configure(
+                closing,
+                waits=config.policy_pauses,
+                clock=config.clock,
+                delayed=config.delayed_policy,
+            )
+            lanes.append(lane)
+        return lanes

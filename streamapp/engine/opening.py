@@ -1,0 +1,197 @@
+"""Opening a partition: open and restore its stores, catch up, start the live source
+where the state stands (:mod:`streamapp.engine.start_plan` decides where), retrying with
+back-off; and the way back of a task kept over a rebalance (rejoin)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError, FencedError, StoreCorruptError, StoreFormatError
+from .build import LaneBuild, building_lanes
+from .interfaces import Committed
+from .lane import Lane
+from .pace import Pace
+from .phase import Phase
+from .provenance import check_state
+from .start_plan import LaneStart, place, plan_start
+
+if TYPE_CHECKING:
+    from .task import PartitionTask
+
+log = logging.getLogger("streamapp.partition")
+
+
+async def rejoin_partition(task: PartitionTask) -> None:
+    """The kept task's way back (see :meth:`PartitionTask.rejoin`)."""
+    try:
+        if task.transaction is not None:
+            # Another worker may have held the partition between the revoke and now
+            # (this one out of the group meanwhile): the reset fences it, and its
+            # committed batches are restored from the changelogs.
+            await task.transaction.reset()
+            await restore_tail(task)
+        else:  # no tables, no sends: the group's committed offset is the position
+            start = await task.port.begin(None, stateful=False)
+            for lane in task.lanes:
+                lane.next = lane.committed = start
+            task._next = start
+    except asyncio.CancelledError:
+        raise
+    except FencedError as exc:
+        task._lost(exc)
+        return
+    except Exception as exc:
+        log.warning("%s: kept open, but cannot go on (%r): opened again", task.name, exc)
+        await task.state.release()
+        task.transition_to(Phase.RESTORING)
+        await open_partition(task)
+        return
+    if task._closing.is_set() or task.phase is not Phase.LIVE:
+        return
+    if task.next_position is not None:
+        task._rewind(task.next_position)
+    task._busy = False
+    task.port.resume()
+    log.debug("live %s again at position %s (kept open)", task.name, task.next_position)
+
+
+async def open_partition(task: PartitionTask) -> None:
+    """Open, restore, catch up and go live, retrying with back-off: a partition is
+    never left paused without an owner task (a lock still held, a broker hiccup)."""
+    pace = Pace(task._closing)
+    while task.phase in (Phase.RESTORING, Phase.CATCHING_UP):
+        try:
+            await task.state.open()
+            await check_state(task)  # refuses state made from another source
+            building = building_lanes(task)
+            for lane in task.lanes:
+                if lane in building:
+                    task.transition_lane(lane, Phase.CATCHING_UP)
+                else:
+                    lane.building = False
+            await task.replay.catch_up()
+            await go_live(task)
+            start_builds(task, building)
+            return
+        except asyncio.CancelledError:
+            raise
+        except FencedError as exc:
+            task._lost(exc)
+            return
+        except StoreCorruptError as exc:
+            await task.state.release()
+            await task.state.discard_damaged(exc)  # raises when it cannot be rebuilt
+            if task._closing.is_set():
+                return
+            task.transition_to(Phase.RESTORING)  # at once: opened empty, then restored
+        except (ConfigError, StoreFormatError):
+            raise  # no retry helps: the opening task reports it and the partition is lost
+        except Exception as exc:
+            log.error("%s: opening failed (%r); retrying in %.1fs", task.name, exc, pace.delay)
+            await task.state.release()
+            if task._closing.is_set():
+                return
+            task.transition_to(Phase.RESTORING)
+            await pace.wait()
+
+
+def start_builds(task: PartitionTask, lanes: list[Lane]) -> None:
+    """The lanes behind catch up on their own from now on (:mod:`~.build`)."""
+    if not lanes or task.phase is not Phase.LIVE or task.history is None:
+        return
+    build = LaneBuild(task, lanes, task.history)
+    task.builds.append(build)
+    build.start()
+
+
+async def go_live(task: PartitionTask) -> None:
+    """Start live delivery where the lanes' state stands (see
+    :mod:`~streamapp.engine.start_plan`), then resume the partition."""
+    if task.phase not in (Phase.RESTORING, Phase.CATCHING_UP):
+        return
+    live = [lane for lane in task.lanes if not lane.building]  # building: engine.build
+    lanes = await lane_starts(task, live)
+    plan = plan_start(lanes, absolute=task.port.absolute)
+    begun = await task.port.begin(plan.begin_at, stateful=plan.stateful, earliest=plan.earliest)
+    placed = place(lanes, begun, absolute=task.port.absolute)
+    if placed.rewind_to is not None:
+        task.port.rewind(placed.rewind_to)
+    if task._closing.is_set():  # closed while the source began: stay closed
+        return
+    start = placed.start
+    task.replay.lanes = live if task.replay.follows_store else []
+    for lane in task.lanes:
+        lane.next = lane.committed = None
+    for lane, position in zip(live, placed.positions, strict=True):
+        lane.next = lane.committed = position
+    task._next = task._start = start
+    task._reseek = False
+    task.replay.recheck()
+    if plan.settle:  # the group may be behind the tables (a replay, an older streamapp)
+        await task.port.settle(start, task._committer.ahead(start))
+    task.transition_to(Phase.LIVE)
+    task.port.resume()
+    log.debug("live %s at position %d", task.name, start)
+
+
+async def lane_starts(task: PartitionTask, lanes: Sequence[Lane]) -> list[LaneStart]:
+    """What each of ``lanes`` knows of its live position: its checkpoint, the replay's
+    live start, or (lanes without tables) the group's committed position."""
+    committed: Committed | None = None
+    stateless = any(lane.tables is None for lane in lanes)
+    if stateless and (len(task.lanes) > 1 or task.transaction is not None):
+        # Read after the fence (open): the previous owner's transaction is settled.
+        committed = await task.port.committed()
+    history_start: int | None = None
+    starts: list[LaneStart] = []
+    for lane in lanes:
+        tables, replays = lane.tables, lane.agent.history is not None
+        if tables is None:
+            position = None
+            if committed is not None:
+                position = committed.ahead.get(lane.name, committed.position)
+            starts.append(LaneStart(False, replays, position))
+            continue
+        if tables.checkpoint.live is not None:
+            starts.append(LaneStart(True, replays, tables.checkpoint.live, durable=True))
+            continue
+        if replays and task.history is not None:
+            if history_start is None:
+                history_start = await task.history.live_start(task.replay)
+            if history_start is not None:  # the replay holds the rest
+                starts.append(LaneStart(True, replays, history_start, durable=True))
+                continue
+        starts.append(LaneStart(True, replays))
+    return starts
+
+
+async def restore_tail(task: PartitionTask) -> None:
+    """Restore what the changelogs committed beyond the stores, and move live lanes to
+    the positions that makes durable (see :meth:`PartitionTask._recover`)."""
+    restored = await task.state.restore(counted=False)
+    if restored:
+        log.warning(
+            "%s: the failed transaction committed after all: %d changelog records "
+            "restored; its batch is not run again",
+            task.name,
+            restored,
+        )
+    await take_durable_positions(task)
+
+
+async def take_durable_positions(task: PartitionTask) -> None:
+    """Move live lanes to the positions their restored checkpoints make durable."""
+    if task.phase is not Phase.LIVE or task.next_position is None:
+        return  # a replay reads the restored checkpoints' store positions
+    live = [lane for lane in task.lanes if not lane.building]
+    starts = await lane_starts(task, live)
+    for lane, known in zip(live, starts, strict=True):
+        position = known.position
+        if position is not None and (lane.committed is None or position > lane.committed):
+            lane.next = lane.committed = position
+    held = [lane.committed for lane in task.lanes if lane.committed is not None]
+    if held:
+        task._next = max(task.next_position, min(held))

@@ -1,0 +1,405 @@
+"""The replay of one partition from the event store: catch-up, gap closing, following
+the store (Kafka Streams' ``StoreChangelogReader``, for the event store).
+
+The worker's one event-store reader (:class:`~streamapp.catchup.StoreFeed`, a
+:class:`HistoryFeed`) sees a partition only through :class:`Replayed`: where it stands
+in the store, whether it wants events now, and the one call that applies a share of a
+stored chunk. The task owns its :class:`Replay` and says when it replays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ..codecs import structured
+from ..errors import ConfigError, FencedError, StoreCorruptError
+from ..events import Event
+from ..outcomes import Outcome
+from ..records import Delivery
+from ..tables.checkpoint import Checkpoint
+from ..topics import TopicSpec
+from .attempts import Attempts
+from .delivery import STORE_POSITION_HEADER
+from .lane import SKIP, Lane, run_lanes
+from .phase import Phase
+from .provenance import StoreIdentity
+from .status import outcomes_of
+
+if TYPE_CHECKING:
+    from .task import PartitionTask
+
+log = logging.getLogger("streamapp.partition")
+
+
+class Replayed(Protocol):
+    """A partition as the event-store feed sees it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def topic(self) -> TopicSpec: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def replayed(self) -> int:
+        """Stored events it settled so far."""
+        ...
+
+    @property
+    def catching_up(self) -> bool:
+        """True while it waits for the store's head (live deliveries wait)."""
+        ...
+
+    @property
+    def live(self) -> bool:
+        """True while it is live (the feed follows it when the store is its source)."""
+        ...
+
+    @property
+    def building(self) -> bool:
+        """True for lanes that build beside live ones (:mod:`~streamapp.engine.build`):
+        the feed serves whole partitions first."""
+        ...
+
+    @property
+    def stopped(self) -> bool:
+        """True once it takes no more events here (closed, fenced, failed)."""
+        ...
+
+    def history_position(self) -> int:
+        """The next event-store position it needs (1: nothing replayed)."""
+        ...
+
+    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+        """Apply its share of a chunk read up to ``next_position`` (see :class:`Replay`)."""
+        ...
+
+    def retry_pause_s(self) -> float:
+        """The pause before the feed gives it a failed event again."""
+        ...
+
+    def failing(self) -> list[Attempts]:
+        """The failed attempts of its lanes at or after its store position."""
+        ...
+
+    def stuck(self, on: dict[str, object] | None) -> None:
+        """The stored event it is stuck on (shown by status), or None once past it."""
+        ...
+
+    def follow(self, on: bool) -> None:
+        """The store is (True) or is no longer (False) its live source."""
+        ...
+
+
+class HistoryFeed(Protocol):
+    """Replays the event store into partitions that catch up (one reader per worker)."""
+
+    async def catch_up(self, partition: Replayed, *, fresh: bool = False) -> None:
+        """Return once ``partition``'s tables hold every stored event of it up to the
+        store's head (the feed calls :meth:`Replayed.apply_history`); ``fresh``: up to
+        the head of a read issued after this call (what was stored before it is in)."""
+
+    async def live_start(self, partition: Replayed) -> int | None:
+        """Where the live source should start after the handover (None: unknown)."""
+        ...
+
+    async def identity(self) -> StoreIdentity:
+        """The event store read, as checkpoints are checked against it."""
+        ...
+
+
+class Replay:
+    """One task's replay of the event store (a :class:`Replayed` for the feed)."""
+
+    def __init__(self, task: PartitionTask, history: HistoryFeed | None) -> None:
+        self._task, self.history = task, history
+        self.name, self.topic, self.partition = task.name, task.topic, task.partition
+        self.lanes: list[Lane] = []
+        """The lanes the event store feeds: catching up, or following the store."""
+        self.follows_store = False
+        """True when the event store is this task's live source (STREAMAPP_BROKER=none)."""
+        self.check_gap = False
+        """Before the next live batch, replay what the store holds below its first store
+        position (see :meth:`recheck`)."""
+
+    # Replayed ------------------------------------------------------------------------
+    @property
+    def replayed(self) -> int:
+        return self._task.counts.replayed
+
+    @property
+    def catching_up(self) -> bool:
+        return self._task.phase is Phase.CATCHING_UP
+
+    @property
+    def live(self) -> bool:
+        return self._task.phase is Phase.LIVE
+
+    @property
+    def building(self) -> bool:
+        return False
+
+    @property
+    def stopped(self) -> bool:
+        return self._task.phase.stopped
+
+    def history_position(self) -> int:
+        lanes = self.lanes or [lane for lane in self._task.lanes if not lane.building]
+        return min(lane.history_position() for lane in lanes or self._task.lanes)
+
+    def retry_pause_s(self) -> float:
+        """The longest pause of the lanes failing at the event."""
+        failing = [lane.attempts.pause_s() for lane in self._task.lanes if lane.attempts.failed]
+        return max(failing, default=self._task.config.redeliver_pause_s)
+
+    def failing(self) -> list[Attempts]:
+        applied = self.history_position()  # the failing event is at or after it
+        return [
+            lane.attempts
+            for lane in self._task.lanes
+            if lane.attempts.position is not None and lane.attempts.position >= applied
+        ]
+
+    def stuck(self, on: dict[str, object] | None) -> None:
+        self._task.counts.stuck_on = on
+
+    def follow(self, on: bool) -> None:
+        self.follows_store = on
+
+    def start_following(self, head: int) -> None:
+        """The event store is the live source from now on (``STREAMAPP_BROKER=none``):
+        agents without tables start after ``head``, the others at their checkpoint."""
+        self.follows_store = True
+        for lane in self._task.lanes:
+            if lane.tables is None:
+                lane.history_next = head + 1
+
+    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+        """Apply stored events of this partition, read up to ``next_position`` (exclusive),
+        and commit with the store position. False when an event failed under Redeliver:
+        the position stops before it, and the feed tries again after
+        :meth:`retry_pause_s`; once a bounded Redeliver's attempts are spent, its
+        fallback applies as to live deliveries."""
+        task = self._task
+        live_from_store = task.phase is Phase.LIVE and self.follows_store
+        if task.phase is not Phase.CATCHING_UP and not live_from_store:
+            return False  # handed over (or closed): the live source feeds it now
+        work = asyncio.ensure_future(self._apply_live(deliveries, next_position, live_from_store))
+        task._batch = work
+        try:
+            ok = await asyncio.shield(work)
+        except FencedError as exc:
+            task._lost(exc)
+            return False
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the feed itself is stopping
+            return False  # close() gave up on this chunk: the checkpoint holds
+        except StoreCorruptError:
+            for lane in task.lanes:
+                lane.drop()
+            return False  # the store told the task: it is rebuilt, then fed again
+        except Exception as exc:  # a failed commit: the checkpoint still holds
+            log.error("%s: replayed batch failed (%r); it is read again", self.name, exc)
+            await task._recover()
+            return False
+        return ok
+
+    async def _apply_live(
+        self, deliveries: Sequence[Delivery], next_position: int, live: bool
+    ) -> bool:
+        """:meth:`_apply`; live from the store, in turns with a lane building beside
+        (a catch-up or a rebuild has the partition to itself: no turn, the rebuild may
+        hold it)."""
+        if not live:
+            return await self._apply(deliveries, next_position)
+        async with self._task.turn:
+            return await self._apply(deliveries, next_position)
+
+    async def _apply(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+        """Commits in parts of at most ``batch_budget_s`` each, as live batches do: a slow
+        handler never holds a whole store chunk (up to 10,000 events) uncommitted."""
+        task = self._task
+        lanes = self.lanes or task.lanes
+        budget = task.config.batch_budget_s
+        while True:
+            done, deliveries = await apply_part(task, lanes, deliveries, next_position, budget)
+            if done is not None:
+                return done
+
+    # what the task replays -------------------------------------------------------------
+    async def catch_up(self) -> None:
+        """At the open: replay the lanes not caught up (every lane with a history, where
+        each open replays) up to the store's head, and mark them caught up."""
+        task = self._task
+        replay_all = task.config.replay_on_open
+        lanes = [
+            lane
+            for lane in task.lanes
+            if lane.agent.history is not None
+            and lane.tables is not None
+            and not lane.building  # it catches up on its own (engine.build)
+            and (replay_all or not lane.tables.checkpoint.caught_up)
+        ]
+        if not lanes:
+            return
+        if self.history is None:
+            raise ConfigError(
+                f"agent {lanes[0].name!r} declares a history, but this worker has no "
+                "event store feed for it (setting event_store)"
+            )
+        self.lanes = lanes
+        task.transition_to(Phase.CATCHING_UP)
+        await self.run()
+        if task.phase is not Phase.CATCHING_UP:
+            return
+        done = {lane: lane.history_position() for lane in lanes}
+        await task._commit(None, history_at(done, caught_up=True))
+        log.info("%s caught up at store position %s", self.name, min(done.values()))
+
+    def recheck(self) -> None:
+        """The source may have changed hands (see :meth:`PartitionTask.recheck`)."""
+        self.check_gap = any(lane.tracks for lane in self._task.lanes)
+
+    async def close_gap(self, deliveries: Sequence[Delivery]) -> None:
+        """Before a live batch: replay what the store holds below its first store
+        position, when that is beyond the partition's own."""
+        task = self._task
+        lanes = [
+            lane
+            for lane in task.lanes
+            if lane.tracks and lane.tables is not None and not lane.building
+        ]
+        first = store_position(deliveries[:1])
+        if not lanes or first is None or self.history is None:
+            return
+        if first <= min(lane.history_position() for lane in lanes):
+            return
+        before = outcomes_of(task.lanes).get(Outcome.DELIVERED, 0)
+        self.lanes = lanes
+        async with task.turn:  # a building lane's part in hand commits first
+            task.transition_to(Phase.CATCHING_UP)
+        await self.run()  # a close ends the wait (the feed drops it)
+        if task.phase is not Phase.CATCHING_UP or task._closing.is_set():
+            return
+        done = {lane: lane.history_position() for lane in lanes}
+        await task._commit(None, history_at(done))
+        self.lanes = []
+        task.transition_to(Phase.LIVE)
+        applied = outcomes_of(task.lanes).get(Outcome.DELIVERED, 0) - before
+        if applied:
+            log.info(
+                "%s: the first live event is at store position %d, beyond this partition's "
+                "own: replayed the store up to its head first (%d applied; some may have "
+                "been taken from the queue by another consumer)",
+                self.name,
+                first,
+                applied,
+            )
+
+    async def run(self) -> None:
+        """The event-store feed's catch-up of :attr:`lanes`; a corrupt store found
+        meanwhile ends it with that error, a close ends it quietly."""
+        assert self.history is not None
+        task = self._task
+        replay = asyncio.ensure_future(self.history.catch_up(self))
+        found = asyncio.ensure_future(task.state.damage_found.wait())
+        closing = asyncio.ensure_future(task._closing.wait())
+        waits = (replay, found, closing)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                if not waiting.done():
+                    waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        for damage in task.state.damaged.values():
+            raise StoreCorruptError(str(damage), path=damage.path, status=damage.status)
+        if replay.done() and not replay.cancelled():
+            replay.result()  # what the feed raised, if anything
+
+
+async def apply_part(
+    task: PartitionTask,
+    lanes: Sequence[Lane],
+    deliveries: Sequence[Delivery],
+    next_position: int,
+    budget_s: float,
+) -> tuple[bool | None, Sequence[Delivery]]:
+    """Run stored ``deliveries`` (read up to ``next_position``) through ``lanes`` (the
+    task's other lanes skip them) for at most ``budget_s``, and commit what they reached
+    with its store positions. Returns True once every delivery is applied, False when
+    one failed (Redeliver), a lane refused or the task closes, and None with the rest
+    when the budget ran out first (the caller goes on with the rest)."""
+    if not deliveries:  # nothing of this partition: advance without a commit
+        for lane in lanes:
+            lane.history_next = max(lane.history_next, next_position)
+        return True, deliveries
+    metrics = task.metrics
+    starts = [lane.history_position() if lane in lanes else SKIP for lane in task.lanes]
+    run = await run_lanes(task.lanes, starts, deliveries, decode_stored, budget_s, metrics=metrics)
+    done = {
+        lane: max(lane.history_position(), next_position if run.stop is None else reached)
+        for lane, reached in zip(task.lanes, run.reached, strict=True)
+        if lane in lanes
+    }
+    if run.stop is None or run.reached != starts:
+        await task._commit(None, history_at(done))
+        for lane, position in done.items():
+            lane.history_next = max(lane.history_next, position)
+            lane.attempts.settled(position)
+    low = min(done.values())
+    settled = sum(1 for d in deliveries if d.position < low)
+    task.counts.replayed += settled
+    for lane in lanes:
+        lane.replayed += settled
+        metrics.replayed(lane.name, settled)
+    for lane in run.failed:
+        metrics.redelivery(lane.name)
+    if run.refused is not None:
+        task._refused(run.refused)
+        return False, deliveries
+    if run.stop is None:
+        return True, deliveries
+    if not run.cut or task._closing.is_set():
+        return False, deliveries
+    return None, [d for d in deliveries if d.position >= low]  # out of budget: go on
+
+
+def history_at(
+    done: dict[Lane, int], *, caught_up: bool = False
+) -> Callable[[Lane, Checkpoint], Checkpoint]:
+    """Checkpoints advanced to the store positions in ``done`` (other lanes' unchanged)."""
+
+    def advanced(lane: Lane, cp: Checkpoint) -> Checkpoint:
+        if lane not in done:
+            return cp
+        cp = cp.advanced(history=done[lane])
+        return cp.advanced(caught_up=True) if caught_up else cp
+
+    return advanced
+
+
+def store_position(deliveries: Sequence[Delivery]) -> int | None:
+    """The highest event-store position the forwarder stamped on ``deliveries``."""
+    best: int | None = None
+    for delivery in deliveries:
+        for name, value in delivery.headers:
+            if name == STORE_POSITION_HEADER:
+                try:
+                    position = int(value)
+                except ValueError:
+                    break
+                if best is None or position > best:
+                    best = position
+                break
+    return best
+
+
+def decode_stored(delivery: Delivery) -> Event:
+    """A stored event: structured JSON in the delivery's value."""
+    return structured.from_stored(delivery.value or b"")

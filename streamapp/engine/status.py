@@ -1,0 +1,121 @@
+"""What observers read of a partition task: its counts and its status value.
+
+``/status``, the readiness check, the metrics and the logs read a task through these
+(and its phase); nothing an observer reads changes the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..outcomes import Outcome
+from ..tables.checkpoint import Checkpoint
+from .lane import Lane
+from .phase import Phase
+
+if TYPE_CHECKING:
+    from .task import PartitionTask
+
+
+@dataclass(slots=True)
+class TaskCounts:
+    """A task's running counts, shown by its status."""
+
+    processed: int = 0
+    """Live deliveries settled."""
+    restored: int = 0
+    """Changelog records restored into its stores."""
+    replayed: int = 0
+    """Stored events settled by the replay."""
+    rebuilt: int = 0
+    """Corrupt local stores wiped and rebuilt."""
+    stuck_on: dict[str, object] | None = None
+    """The stored event its catch-up fails on (set by the event-store feed)."""
+
+
+def outcomes_of(lanes: Sequence[Lane]) -> dict[Outcome, int]:
+    """Outcomes of every delivery handled, live and replayed, summed over the lanes."""
+    out: dict[Outcome, int] = {}
+    for lane in lanes:
+        for outcome, n in lane.outcomes.items():
+            out[outcome] = out.get(outcome, 0) + n
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStatus:
+    """One task's status, as ``/status`` shows it (:meth:`as_dict`)."""
+
+    topic: str
+    partition: int
+    phase: Phase
+    busy: bool
+    start_position: int | None
+    next_position: int | None
+    lag: int | None
+    counts: TaskCounts
+    lanes: Sequence[Lane]
+
+    @classmethod
+    def of(cls, task: PartitionTask, start_position: int | None) -> TaskStatus:
+        """``task``'s status now (``start_position``: where its live source began)."""
+        return cls(
+            task.topic.name,
+            task.partition,
+            task.phase,
+            task.busy,
+            start_position,
+            task.next_position,
+            task.lag,
+            task.counts,
+            task.lanes,
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        lanes, counts = self.lanes, self.counts
+        first = next((lane.tables for lane in lanes if lane.tables is not None), None)
+        cp = first.checkpoint if first is not None else None
+        return {
+            "agent": ", ".join(lane.name for lane in lanes),
+            "topic": self.topic,
+            "partition": self.partition,
+            "phase": self.phase.value,
+            "busy": self.busy,
+            "start_position": self.start_position,
+            "next_position": self.next_position,
+            "lag": self.lag,
+            "processed": counts.processed,
+            "restored": counts.restored,
+            "replayed": counts.replayed,
+            "stuck_on": counts.stuck_on,
+            "rebuilt": counts.rebuilt,
+            "unversioned": sum(lane.unversioned for lane in lanes),
+            "outcomes": _named(outcomes_of(lanes)),
+            **_stored(cp),
+            "checkpoint": None if cp is None else cp.live,
+            "agents": {lane.name: _lane_status(lane) for lane in lanes},
+        }
+
+
+def _stored(cp: Checkpoint | None) -> dict[str, object]:
+    return {
+        "store_position": None if cp is None else cp.history,
+        "caught_up": None if cp is None else cp.caught_up,
+    }
+
+
+def _lane_status(lane: Lane) -> dict[str, object]:
+    cp = lane.tables.checkpoint if lane.tables is not None else None
+    return {
+        "phase": lane.phase.value,
+        "position": lane.next,
+        "outcomes": _named(lane.outcomes),
+        "chain": dict(lane.chain_totals),
+        **_stored(cp),
+    }
+
+
+def _named(outcomes: dict[Outcome, int]) -> dict[str, int]:
+    return {o.value: n for o, n in sorted(outcomes.items(), key=lambda kv: kv[0].value)}

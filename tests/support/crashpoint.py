@@ -1,0 +1,193 @@
+"""``python -m tests.support.crashpoint worker ...``: the streamapp CLI with a crash point.
+
+The crash tests run workers through this launcher instead of ``python -m streamapp.cli``.
+It wraps the collaborators of :class:`streamapp.engine.commit.Commit` (class methods; no
+production code knows about it), then calls the CLI's ``main``. On the Nth commit of a
+Kafka partition task that sends derived events (to ``STREAMAPP_TEST_CRASH_TOPIC`` when
+set), it kills its own process with SIGKILL at the step named by
+``STREAMAPP_TEST_CRASH_AT`` of the commit order (``engine/commit.py``'s docstring):
+
+- ``before_commit``: inside the transaction, every send flushed to the broker, before
+  ``commit_transaction`` (the batch is aborted: nothing of it is visible);
+- ``after_commit``: the transaction committed (changelogs, derived events), before the
+  store write;
+- ``after_write``: every lane's store written, before the settle (the group's offset is
+  behind the checkpoint);
+- ``after_settle``: the source's offset committed at the broker (a coalesced commit:
+  once it was answered).
+
+``STREAMAPP_TEST_CRASH_BATCH`` is N (default 1). Before the kill, a JSON report goes to
+``STREAMAPP_TEST_CRASH_REPORT`` (when set): the point, the source partition, the batch's
+end position (its checkpoint's ``live``) and the ``ce_id`` of each derived event, so that
+the test can check what is durable where at that very point.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+POINTS = ("before_commit", "after_commit", "after_write", "after_settle")
+AT = "STREAMAPP_TEST_CRASH_AT"
+BATCH = "STREAMAPP_TEST_CRASH_BATCH"
+TOPIC = "STREAMAPP_TEST_CRASH_TOPIC"
+REPORT = "STREAMAPP_TEST_CRASH_REPORT"
+
+log = logging.getLogger("tests.crashpoint")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+@dataclass
+class _Commit:
+    """One call of Commit: whether it is the one to crash, and what it holds."""
+
+    armed: bool = False
+    report: dict[str, Any] = field(default_factory=dict)
+    writes_left: int = 0
+
+
+@dataclass
+class CrashPoint:
+    """Where to crash, and the commits with sends counted so far."""
+
+    at: str
+    batch: int = 1
+    topic: str | None = None
+    report: str | None = None
+    counted: int = 0
+
+    @classmethod
+    def from_env(cls) -> CrashPoint:
+        at = os.environ.get(AT, "")
+        if at not in POINTS:
+            raise SystemExit(f"{AT}={at!r}: name one of {', '.join(POINTS)}")
+        batch = int(os.environ.get(BATCH) or 1)
+        return cls(at, batch, os.environ.get(TOPIC) or None, os.environ.get(REPORT) or None)
+
+    def counts(self, outputs: Sequence[Any]) -> bool:
+        """Whether a commit with these derived events is the Nth (each one counted)."""
+        if not outputs or (self.topic and not any(m.topic == self.topic for m in outputs)):
+            return False
+        self.counted += 1
+        return self.counted == self.batch
+
+    def kill(self, state: _Commit, point: str) -> None:
+        """Report, then SIGKILL this process (no flush, no close, nothing after)."""
+        report = {**state.report, "point": point}
+        if self.report:
+            with open(self.report, "w") as f:
+                json.dump(report, f)
+                f.flush()
+                os.fsync(f.fileno())
+        log.warning("crash point %s: killing this worker (%s)", point, report)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_current: contextvars.ContextVar[_Commit | None] = contextvars.ContextVar(
+    "crashpoint_commit", default=None
+)
+
+
+def _armed(point: str, crash: CrashPoint) -> _Commit | None:
+    state = _current.get()
+    return state if state is not None and state.armed and crash.at == point else None
+
+
+def install(crash: CrashPoint) -> None:
+    """Wrap the commit's collaborators (class attributes) to crash as ``crash`` says."""
+    from aiokafka import AIOKafkaProducer
+
+    from streamapp.engine.commit import Commit
+    from streamapp.kafka.port import KafkaPartitionPort
+    from streamapp.kafka.transaction import KafkaTransaction
+    from streamapp.tables.partition import PartitionTables
+
+    def around(cls: Any, name: str) -> Callable[[F], F]:
+        """Replace method ``name`` of ``cls`` by ``wrapper(original, self, ...)``."""
+        original = getattr(cls, name)
+
+        def decorate(wrapper: F) -> F:
+            @functools.wraps(original)
+            async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return await wrapper(original, self, *args, **kwargs)
+
+            setattr(cls, name, method)
+            return wrapper
+
+        return decorate
+
+    @around(Commit, "__call__")
+    async def commit_call(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _current.set(_Commit())
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            _current.reset(token)
+
+    @around(KafkaTransaction, "commit")
+    async def transaction_commit(
+        original: Any, self: Any, changes: Any, outputs: Any, settle: Any
+    ) -> Any:
+        state = _current.get()
+        if state is not None and crash.counts(outputs):
+            lives = [batch.checkpoint.live for _, batch in changes]
+            state.armed, state.writes_left = True, len(changes)
+            state.report = {
+                "topic": self.source.topic,
+                "partition": self.source.partition,
+                "live": max((p for p in lives if p is not None), default=None),
+                "settle": None if settle is None else settle.position,
+                "outputs": [dict(m.headers).get("ce_id", b"").decode() for m in outputs],
+            }
+        positions = await original(self, changes, outputs, settle)
+        if state is not None and (armed := _armed("after_commit", crash)) is not None:
+            crash.kill(armed, "after_commit")
+        return positions
+
+    @around(AIOKafkaProducer, "commit_transaction")
+    async def commit_transaction(original: Any, self: Any) -> Any:
+        armed = _armed("before_commit", crash)
+        if armed is not None:
+            await self.flush()  # every send of the batch reached the broker
+            crash.kill(armed, "before_commit")
+        return await original(self)
+
+    original_write = PartitionTables.write
+
+    def write(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_write(self, *args, **kwargs)
+        armed = _armed("after_write", crash)
+        if armed is not None:
+            armed.writes_left -= 1
+            if armed.writes_left <= 0:  # every lane of the commit wrote its batch
+                crash.kill(armed, "after_write")
+
+    PartitionTables.write = functools.wraps(original_write)(write)  # type: ignore[method-assign]
+
+    @around(KafkaPartitionPort, "settle")
+    async def settle(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+        await original(self, *args, **kwargs)
+        armed = _armed("after_settle", crash)
+        if armed is not None:
+            if self.commits is not None:  # coalesced: until the broker answered it
+                await self.commits.settled(self.tp)
+            crash.kill(armed, "after_settle")
+
+
+def main() -> None:
+    crash = CrashPoint.from_env()
+    install(crash)
+    from streamapp.cli import main as cli
+
+    cli(prog_name="streamapp")
+
+
+if __name__ == "__main__":
+    main()

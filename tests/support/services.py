@@ -1,0 +1,123 @@
+"""Restart a service of the test session (Kafka, RabbitMQ, PostgreSQL), however it was
+started: the restart tests never skip where the services run.
+
+- ``scripts/services``: ``scripts/services down|up SERVICE`` (:func:`restart_service`);
+- testcontainers: stop and start the container (its host port is bound, so the address
+  stays the same: see ``tests/conftest.py``), then wait until the service answers;
+- given by the environment: the instance of ``scripts/services`` named by
+  ``STREAMAPP_SERVICES_HOME`` and ``STREAMAPP_<SERVICE>_PORT`` when
+  ``STREAMAPP_TEST_RESTARTABLE=1`` says it is that one; otherwise the test fails, naming
+  what to set (a restart test must not pass without restarting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.conftest import Services
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("kafka", "rabbitmq", "postgres")
+READY_S = 240.0
+"""How long a restarted container may take to answer (a loaded machine is slow)."""
+
+
+def restart_service(action: str, service: str) -> None:
+    """`scripts/services down|up SERVICE` for the restart tests; on failure, the script's
+    own words are in the assertion (a loaded machine may need the longer readiness bound).
+
+    The environment goes through: STREAMAPP_SERVICES_HOME and STREAMAPP_<SERVICE>_PORT
+    pick the instance (the same that tests/conftest.py found), e.g. a PostgreSQL of one's
+    own on 5433 while Kafka and RabbitMQ are shared."""
+    env = {**os.environ, "STREAMAPP_KAFKA_TIMEOUT": "240", "STREAMAPP_RABBITMQ_TIMEOUT": "240"}
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "services"), action, service],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, (
+        f"scripts/services {action} {service} exited {done.returncode}:\n"
+        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+
+
+def restart(services: Services, action: str, service: str) -> None:
+    """Take ``service`` of this session ``down`` or bring it ``up`` again, on the same
+    address, whatever started it; ``up`` returns once it answers."""
+    assert action in ("down", "up"), action
+    assert service in SERVICES, service
+    if services.how == "testcontainers":
+        container = services.containers[service].get_wrapped_container()
+        if action == "down":
+            container.stop(timeout=30)
+        else:
+            container.start()
+            _wait_answers(services, service)
+    elif services.how == "scripts/services" or os.environ.get("STREAMAPP_TEST_RESTARTABLE"):
+        restart_service(action, service)
+    else:
+        pytest.fail(
+            f"this test restarts {service}, and this session's services come from "
+            f"{services.how}, which it cannot restart. Run the tests against scripts/services "
+            "or testcontainers (unset STREAMAPP_KAFKA_BOOTSTRAP, STREAMAPP_AMQP_URL and "
+            "STREAMAPP_POSTGRES_DSN), or set STREAMAPP_TEST_RESTARTABLE=1 when "
+            f"STREAMAPP_SERVICES_HOME and STREAMAPP_{service.upper()}_PORT name the "
+            "scripts/services instance those variables point at"
+        )
+
+
+def _wait_answers(services: Services, service: str) -> None:
+    """Until ``service`` answers its own protocol (bounded by READY_S)."""
+    deadline = time.monotonic() + READY_S
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            _probe(services, service)
+            return
+        except Exception as exc:  # not up yet
+            last = exc
+            time.sleep(0.5)
+    raise AssertionError(f"{service} did not answer within {READY_S:.0f}s of its start: {last!r}")
+
+
+def _probe(services: Services, service: str) -> None:
+    if service == "postgres":
+        import psycopg
+
+        with psycopg.connect(services.postgres, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    elif service == "rabbitmq":
+        asyncio.run(_amqp(services.amqp))
+    else:
+        host, port = services.kafka.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=2).close()
+        asyncio.run(_kafka(services.kafka))
+
+
+async def _amqp(url: str) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(url, timeout=5)
+    await connection.close()
+
+
+async def _kafka(bootstrap: str) -> Any:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    await admin.start()
+    try:
+        return await admin.list_topics()
+    finally:
+        await admin.close()

@@ -1,0 +1,124 @@
+"""The benchmarks' arithmetic on known rounds: medians, ratios, per-round pairs, CPU per
+item, and the one per-order state check every contender goes through (no broker, no
+timing: the figures are made up, the expected results worked out by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+import rivals  # noqa: E402
+
+
+def bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py`` under a name of its own (tests/integration has a harness too)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+harness = bench_module("harness")
+rabbitmq = bench_module("rabbitmq")
+
+
+def test_summarise_gives_each_contender_its_median_and_both_ratios() -> None:
+    contenders = (
+        harness.RAW,
+        harness.STREAMAPP,
+        harness.Contender("Quix exactly-once", "quix", ("--exactly-once",)),
+        harness.Contender("faust exactly-once", "faust", ("--exactly-once",)),
+    )
+    rates = {
+        "raw aiokafka": [120.0, 80.0, 100.0],  # median 100 (not the mean of an odd count)
+        "streamapp": [50.0, 70.0, 60.0],  # 60
+        "Quix exactly-once": [30.0, 40.0, 35.0],  # 35
+    }
+    out = harness.summarise(contenders, rates, {"faust exactly-once": "failed: no faust"})
+    assert out["raw aiokafka"] == {
+        "rates": [120.0, 80.0, 100.0],
+        "median": 100.0,
+        "over_raw": 1.0,
+        "streamapp_over_it": 0.6,
+        "problem": None,
+    }
+    assert (out["streamapp"]["median"], out["streamapp"]["over_raw"]) == (60.0, 0.6)
+    assert out["streamapp"]["streamapp_over_it"] == 1.0
+    quix = out["Quix exactly-once"]
+    assert (quix["median"], quix["over_raw"], quix["streamapp_over_it"]) == (35.0, 0.35, 1.714)
+    assert out["faust exactly-once"] == {
+        "rates": [],
+        "median": None,
+        "over_raw": None,
+        "streamapp_over_it": None,
+        "problem": "failed: no faust",
+    }
+
+
+def test_summarise_takes_the_middle_two_of_an_even_count_and_needs_raw_for_over_raw() -> None:
+    out = harness.summarise((harness.RAW, harness.STREAMAPP), {"streamapp": [10.0, 40.0]}, {})
+    assert out["streamapp"]["median"] == 25.0
+    assert out["streamapp"]["over_raw"] is None  # raw aiokafka did not run
+    assert out["streamapp"]["streamapp_over_it"] == 1.0
+    assert out["raw aiokafka"]["median"] is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [(2.0, 3.0, 0.667), (3.0, 2.0, 1.5), (None, 2.0, None), (2.0, None, None), (2.0, 0.0, None)],
+)
+def test_ratio_rounds_to_three_places_and_is_none_without_both_sides(
+    a: float | None, b: float | None, want: float | None
+) -> None:
+    assert harness.ratio(a, b) == want
+
+
+def test_paired_ratio_is_the_median_of_each_rounds_pair() -> None:
+    contenders = {
+        "streamapp": {"rates": [60.0, 50.0, 70.0]},
+        "Bytewax": {"rates": [40.0, 40.0, 50.0]},
+    }
+    # rounds: 1.5, 1.25, 1.4 -> median 1.4 (the ratio of the medians would be 60/40 = 1.5)
+    assert report.paired_ratio(contenders, "streamapp", "Bytewax") == pytest.approx(1.4)
+    contenders["Bytewax"]["rates"] = [40.0, 40.0]  # a round missing: no pairs
+    assert report.paired_ratio(contenders, "streamapp", "Bytewax") is None
+
+
+def test_rabbitmq_runs_give_rate_cpu_per_item_medians_and_pairs() -> None:
+    run = rabbitmq.Run(items=1000, wall_s=2.0, cpu_s=0.5)
+    assert (run.rate, run.cpu_us) == (500.0, 500.0)
+    table = rabbitmq.Table()
+    for ours, raw in [((900, 1.0, 0.9), (1000, 1.0, 0.5)), ((800, 1.0, 1.2), (1000, 0.5, 0.6))]:
+        table.add("streamapp", rabbitmq.Run(*ours))
+        table.add("raw", rabbitmq.Run(*raw))
+    medians = table.medians()
+    # streamapp: rates 900, 800 -> 850; cpu 1000, 1500 us -> 1250
+    assert medians["streamapp"] == {"rate": 850.0, "cpu_us": 1250.0}
+    # raw: rates 1000, 2000 -> 1500; cpu 500, 600 us -> 550
+    assert medians["raw"] == pytest.approx({"rate": 1500.0, "cpu_us": 550.0})
+    rate, cpu = table.paired("streamapp", "raw")
+    assert rate == pytest.approx((0.9 + 0.4) / 2)  # 900/1000, 800/2000
+    assert cpu == pytest.approx((0.5 + 0.4) / 2)  # 500/1000, 600/1500 us per item
+
+
+def test_the_per_order_check_catches_what_a_sum_of_versions_misses() -> None:
+    want = {f"order-{i:05d}": {"version": 3} for i in range(4)}  # 12 events, 4 orders
+    assert rivals.check(want, 12, 4)[0]
+    swapped = {**want, "order-00000": {"version": 4}, "order-00001": {"version": 2}}
+    assert sum(v["version"] for v in swapped.values()) == 12  # the old check passed it
+    exact, note = rivals.check(swapped, 12, 4)
+    assert not exact
+    assert "('order-00000', 4, 3)" in note
+    missing = {k: v for k, v in want.items() if k != "order-00002"}
+    assert not rivals.check(missing, 12, 4)[0]

@@ -1,0 +1,113 @@
+"""The partition task's phases: the allowed-transitions table, and the one method that
+moves a task, which refuses any move the table does not link."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from streamapp import AgentRefusedError, App, Event, Refuse, Table, TableView
+from streamapp.engine.phase import TRANSITIONS, Phase, PhaseTransitionError, check_transition
+from streamapp.memory import MemoryBroker
+
+EXPECTED: dict[Phase, set[Phase]] = {
+    Phase.RESTORING: {
+        Phase.RESTORING,
+        Phase.CATCHING_UP,
+        Phase.LIVE,
+        Phase.CLOSED,
+        Phase.LOST,
+        Phase.FAILED,
+    },
+    Phase.CATCHING_UP: {Phase.RESTORING, Phase.LIVE, Phase.CLOSED, Phase.LOST, Phase.FAILED},
+    Phase.LIVE: {
+        Phase.RESTORING,
+        Phase.CATCHING_UP,
+        Phase.SUSPENDED,
+        Phase.CLOSED,
+        Phase.LOST,
+        Phase.FAILED,
+    },
+    Phase.SUSPENDED: {Phase.LIVE, Phase.CLOSED, Phase.LOST, Phase.FAILED},
+    Phase.LOST: {Phase.FAILED, Phase.CLOSED},
+    Phase.FAILED: {Phase.CLOSED},
+    Phase.CLOSED: set(),
+}
+
+
+def test_the_table_links_exactly_the_moves_the_task_makes() -> None:
+    assert {phase: set(to) for phase, to in TRANSITIONS.items()} == EXPECTED
+
+
+@pytest.mark.parametrize(("current", "to"), list(itertools.product(Phase, Phase)))
+def test_check_transition_follows_the_table(current: Phase, to: Phase) -> None:
+    if to in EXPECTED[current]:
+        check_transition("in[0]", current, to)
+    else:
+        with pytest.raises(PhaseTransitionError, match=rf"in\[0\].*from {current.value} to"):
+            check_transition("in[0]", current, to)
+
+
+def test_every_phase_but_closed_can_close_and_closed_is_terminal() -> None:
+    for phase in Phase:
+        assert (Phase.CLOSED in TRANSITIONS[phase]) is (phase is not Phase.CLOSED)
+    assert [p for p in Phase if p.stopped] == [Phase.CLOSED, Phase.LOST, Phase.FAILED]
+    assert [p for p in Phase if p.serves] == [Phase.LIVE]
+
+
+def _app() -> App:
+    app = App("phases")
+    counts: Table[int] = Table("counts")
+
+    @app.agent(app.topic("in", partitions=1), tables=[counts])
+    async def count(event: Event, counts: TableView[int]) -> None:
+        counts["n"] = counts.get("n", 0) + 1
+
+    return app
+
+
+async def test_a_task_moves_through_its_phases_and_refuses_an_invalid_move() -> None:
+    broker = MemoryBroker(_app())
+    task, _ = await broker._task("in", 0)
+    assert task.phase is Phase.LIVE
+    with pytest.raises(PhaseTransitionError, match="from live to live"):
+        task.transition_to(Phase.LIVE)
+    assert task.phase is Phase.LIVE  # a refused move changes nothing
+
+    assert await task.suspend()  # revoked, maybe handed back: kept open
+    assert task.phase is Phase.SUSPENDED
+    assert not task.accepting
+    with pytest.raises(PhaseTransitionError, match="from suspended to catching_up"):
+        task.transition_to(Phase.CATCHING_UP)
+    task.rejoin()
+    assert task.phase is Phase.LIVE
+    for _ in range(100):  # the rejoin runs in the background
+        if task.accepting:
+            break
+        await asyncio.sleep(0)
+    assert task.accepting
+
+    await task.close()
+    assert task.phase is Phase.CLOSED
+    task.transition_to(Phase.LIVE)  # work that raced the close: dropped, never raised
+    assert task.phase is Phase.CLOSED
+    assert not await task.suspend()  # a closed task is not kept
+
+
+async def test_a_refused_partition_is_failed_not_lost() -> None:
+    app = App("refusing")
+
+    @app.agent(app.topic("in", partitions=1))
+    async def picky(event: Event) -> None:
+        raise Refuse("not for this version")
+
+    broker = MemoryBroker(app)
+    broker.send("in", Event.create("x", stream_id="s", id="e1"))
+    with pytest.raises(AgentRefusedError):
+        await broker.process()
+    task, _ = await broker._task("in", 0)
+    assert task.phase is Phase.FAILED
+    assert task.status()["phase"] == "failed"
+    assert isinstance(task.fatal, AgentRefusedError)
