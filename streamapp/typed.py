@@ -33,6 +33,7 @@ from typing import Any, Literal
 import msgspec
 import orjson
 
+from .codecs.data import is_json_type
 from .errors import ConfigError, DataError
 from .events import Event
 from .reserved import refuse_extensions
@@ -158,6 +159,13 @@ class EventTypes:
                     f"event {event.id} has type {event.type!r}, which has no model in the "
                     f"agent's events (its types: {', '.join(sorted(self._models))})"
                 )
+            data = event.data
+            if isinstance(data, bytes) and is_json_type(event.datacontenttype):
+                # the codec left it unparsed for the models (every agent here is typed)
+                try:
+                    return dataclasses.replace(event, data=orjson.loads(data))
+                except orjson.JSONDecodeError as exc:
+                    return DataError(f"data of event {event.id} is not valid JSON: {exc}")
             return event
         return _typed(event, lambda: self._decode(model, event))
 

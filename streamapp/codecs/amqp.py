@@ -35,8 +35,9 @@ CONTENT_TYPE = "content-type"
 STRUCTURED = "application/cloudevents"
 
 
-def decode(value: bytes | None, headers: Headers) -> Event:
-    """The CloudEvent in one AMQP message, or :class:`DecodeError` saying why not."""
+def decode(value: bytes | None, headers: Headers, *, parse_json: bool = True) -> Event:
+    """The CloudEvent in one AMQP message, or :class:`DecodeError` saying why not.
+    ``parse_json=False`` leaves binary-mode JSON data as its bytes (as the Kafka codec)."""
     content_type: str | None = None
     attrs: dict[str, str] = {}
     try:
@@ -70,7 +71,7 @@ def decode(value: bytes | None, headers: Headers) -> Event:
         attrs["datacontenttype"] = content_type
     content_type = attrs.get("datacontenttype")
     data: Any = value or None  # an empty body is an event without data
-    if data is not None and is_json_type(content_type):
+    if data is not None and parse_json and is_json_type(content_type):
         try:
             data = orjson.loads(data)
         except orjson.JSONDecodeError as exc:

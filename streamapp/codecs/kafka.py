@@ -24,8 +24,12 @@ from .data import encode_data, is_json_type
 STRUCTURED = "application/cloudevents"
 
 
-def decode(key: bytes | None, value: bytes | None, headers: Headers) -> Event:
-    """The CloudEvent in one Kafka record, or :class:`DecodeError` saying why not."""
+def decode(
+    key: bytes | None, value: bytes | None, headers: Headers, *, parse_json: bool = True
+) -> Event:
+    """The CloudEvent in one Kafka record, or :class:`DecodeError` saying why not.
+    ``parse_json=False`` leaves binary-mode JSON data as its bytes, for readers that
+    decode it themselves (typed agents: :mod:`streamapp.typed`)."""
     content_type: str | None = None
     attrs: dict[str, str] = {}
     try:
@@ -53,7 +57,7 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers) -> Event:
     if content_type is not None:
         attrs["datacontenttype"] = content_type
     data: Any = value or None  # an empty value is an event without data
-    if data is not None and is_json_type(content_type):
+    if data is not None and parse_json and is_json_type(content_type):
         try:
             data = orjson.loads(data)
         except orjson.JSONDecodeError as exc:

@@ -59,6 +59,10 @@ class TaskFactory:
     locate: Locator = _unplugged
     """Where a read of a table partition this task does not write is served."""
     on_fatal: Fatal | None = None
+    decode_bytes: Decoder | None = None
+    """The transport's decoder leaving JSON data as its bytes, for a topic whose every
+    agent decodes data with its own models (``events=``): msgspec reads the bytes once,
+    with no dict built between (None: the transport has none)."""
     _checked: set[tuple[str, bool]] = field(default_factory=set, compare=False, repr=False)
 
     def create(
@@ -83,10 +87,15 @@ class TaskFactory:
             transaction=transaction,
         )  # fmt: skip
 
-    def decode_for(self, topic: TopicSpec) -> Decoder:
-        """How the deliveries of ``topic`` become events: the transport's CloudEvents
-        decoder, or a plain topic's own (:mod:`streamapp.codecs.plain`)."""
-        return plain.decoder(topic) if topic.plain else self.decode
+    def decode_for(self, topic: TopicSpec, agents: Sequence[Agent]) -> Decoder:
+        """How the deliveries of ``topic`` become events for ``agents``: a plain topic's
+        own decoder (:mod:`streamapp.codecs.plain`), else the transport's CloudEvents
+        decoder, which leaves JSON data unparsed when every agent is typed."""
+        if topic.plain:
+            return plain.decoder(topic)
+        if self.decode_bytes is not None and all(a.events is not None for a in agents):
+            return self.decode_bytes
+        return self.decode
 
     def lanes(self, agents: Sequence[Agent], name: str, closing: asyncio.Event) -> list[Lane]:
         """A lane per agent of the task of partition ``name`` (``closing``: its close)."""

@@ -78,7 +78,7 @@ class PartitionTask:
         self.metrics: Final = factory.metrics
         self.transaction: Final = transaction
         self.history: Final = factory.history
-        self._decode, self._on_fatal = factory.decode_for(self.topic), factory.on_fatal
+        self._decode, self._on_fatal = factory.decode_for(self.topic, agents), factory.on_fatal
         self._closing = asyncio.Event()
         """Set by :meth:`close`: ends a redelivery pause, a replay wait, a retry."""
         self.lanes: Final = factory.lanes(agents, name, self._closing)

@@ -54,6 +54,10 @@ def decode(delivery: Delivery) -> Event:
     return codec.decode(delivery.key, delivery.value, delivery.headers)
 
 
+def decode_bytes(delivery: Delivery) -> Event:
+    return codec.decode(delivery.key, delivery.value, delivery.headers, parse_json=False)
+
+
 class KafkaSource:
     """Consumes every agent's source topic as one member of the app's group.
 
@@ -83,6 +87,7 @@ class KafkaSource:
         self._factory = TaskFactory(
             config=TaskConfig.from_settings(settings),
             decode=decode,
+            decode_bytes=decode_bytes,
             park=lambda agent, name: parker(self.sink, agent, name),
             history=history,
             metrics=metrics,

@@ -64,6 +64,10 @@ def _decode(delivery: Delivery) -> Event:
     return codec.decode(delivery.key, delivery.value, delivery.headers)
 
 
+def _decode_bytes(delivery: Delivery) -> Event:
+    return codec.decode(delivery.key, delivery.value, delivery.headers, parse_json=False)
+
+
 @dataclass(frozen=True, slots=True)
 class StuckRecord:
     """A record that :meth:`MemoryBroker.process` could not settle: its partition stops
@@ -201,6 +205,7 @@ class MemoryBroker:
                 clock=self.clock,
             ),
             decode=_decode,
+            decode_bytes=_decode_bytes,
             park=lambda agent, name: parker(self, agent, name),
             history=_EmptyHistory(),
             metrics=metrics,

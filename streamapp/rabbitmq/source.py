@@ -58,6 +58,10 @@ def decode(delivery: Delivery) -> Event:
     return codec.decode(delivery.value, delivery.headers)
 
 
+def decode_bytes(delivery: Delivery) -> Event:
+    return codec.decode(delivery.value, delivery.headers, parse_json=False)
+
+
 class RabbitSource:
     """Feeds the app's agents from their partition queues."""
 
@@ -84,6 +88,7 @@ class RabbitSource:
         self._factory = TaskFactory(
             config=dataclasses.replace(TaskConfig.from_settings(settings), replay_on_open=True),
             decode=decode,
+            decode_bytes=decode_bytes,
             park=lambda agent, name: parker(self.sink, agent, name),
             history=history,
             metrics=metrics,

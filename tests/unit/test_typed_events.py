@@ -227,6 +227,59 @@ async def test_a_model_sent_without_a_stream_id_or_unregistered_fails_the_event(
     assert "Shipped" in str(raised.value)
 
 
+async def test_a_topic_read_only_by_typed_agents_decodes_json_data_once_from_bytes() -> None:
+    """Every agent of the topic is typed: the codec leaves the data as its bytes and the
+    model reads them (no dict between); an unknown type still gets a dict, and one whose
+    data is not JSON is parked, not failed."""
+    app = App("t")
+    seen: list[Any] = []
+    src = app.topic("in", partitions=1)
+
+    @app.agent(src, events={"order.paid": Paid}, on_failure=Park("parked"))
+    async def typed(event: Event[Paid]) -> None:
+        seen.append(event.data)
+
+    broker = MemoryBroker(app)
+    factory = broker._factory  # what the tasks of this broker are built from
+    assert factory.decode_for(src, [typed]) is factory.decode_bytes
+    broker.send("in", _event("order.paid", {"amount": 2}, n=1))
+    broker.send("in", _event("order.refunded", {"x": 1}, n=2))
+    broker.send_raw(
+        "in",
+        b"{not json",
+        key=b"o1",
+        headers=[("ce_id", b"e3"), ("ce_source", b"s"), ("ce_type", b"order.void"),
+                 ("ce_specversion", b"1.0"), ("ce_streamid", b"o1"),
+                 ("content-type", b"application/json")],
+    )  # fmt: skip
+    counts = await broker.process()
+    assert seen == [Paid(2), {"x": 1}]
+    assert counts[Outcome.NOT_DELIVERABLE] == 1
+    (parked,) = broker.records("parked")
+    assert "not valid JSON" in dict(parked.headers)["streamapp-park-reason"].decode()
+
+
+async def test_a_topic_with_an_untyped_agent_keeps_parsing_json_for_it() -> None:
+    app = App("t")
+    src = app.topic("in", partitions=1)
+    got: dict[str, Any] = {}
+
+    @app.agent(src, events={"order.paid": Paid})
+    async def typed(event: Event[Paid]) -> None:
+        got["typed"] = event.data
+
+    @app.agent(src)
+    async def plain(event: Event) -> None:
+        got["plain"] = event.data
+
+    broker = MemoryBroker(app)
+    factory = broker._factory
+    assert factory.decode_for(src, [typed, plain]) is factory.decode
+    broker.send("in", _event("order.paid", {"amount": 7}))
+    await broker.process()
+    assert got == {"typed": Paid(7), "plain": {"amount": 7}}
+
+
 def test_mypy_strict_sees_the_models_in_a_handler(tmp_path: Path) -> None:
     good = tmp_path / "good.py"
     good.write_text(
