@@ -122,6 +122,10 @@ class Settings:
     """How long a publish may wait for the broker's confirm (a RabbitMQ confirm, a park, a
     retry or dead-letter copy, a relayed or forwarded event) before it counts as failed,
     outcome unknown: the record is not settled and comes again."""
+    control_publish_timeout_s: float = 10.0
+    """How long a control record's publish may wait for the broker: the retirement
+    ledger's records (on Kafka, at a worker's start and by ``streamapp retire``). Longer
+    than ``publish_timeout_s``: a deadline tuned for events must not fail a start."""
     transaction_timeout_s: float = 30.0
     """How long a Kafka partition task's transaction (changelog records, derived events,
     chain copies and offsets) and the start of its transactional writer may take."""
@@ -145,9 +149,10 @@ class Settings:
     startup_retry: Backoff = field(default_factory=Backoff)
 
     def __post_init__(self) -> None:
-        given: object = self.data_dir
-        if isinstance(given, str):  # App(data_dir="...") as users write it
-            object.__setattr__(self, "data_dir", Path(given))
+        for f in fields(self):  # App(data_dir="...", poll_timeout_ms="200") as users write it
+            given: object = getattr(self, f.name)
+            if isinstance(given, str) and str(f.type) in _PARSED:
+                object.__setattr__(self, f.name, _parse(f.name, f.type, given))
         self._validate()
 
     @property
@@ -344,6 +349,10 @@ def _hint(name: str, *, env: bool = False) -> str:
     if env:
         return f"; did you mean {ENV_PREFIX}{close[0].upper()} (setting {close[0]})?"
     return f"; did you mean {close[0]!r}?"
+
+
+_PARSED = frozenset({"int", "float", "bool", "Path"})
+"""The declared types a setting given as text is converted to (as from its variable)."""
 
 
 def _parse(name: str, type_name: Any, raw: str) -> Any:

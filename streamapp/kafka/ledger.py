@@ -25,10 +25,6 @@ READ_TIMEOUT_S = 60.0
 """How long reading the ledger to its end may take (a start or a retire waits on it)."""
 
 
-LEDGER_PUBLISH_TIMEOUT_S = 10.0
-"""The least a ledger record's publish may wait for the broker's acknowledgement."""
-
-
 class KafkaLedger:
     """The ledger of one app on its members topic ``topic``."""
 
@@ -99,11 +95,11 @@ class KafkaLedger:
 
     async def put(self, key: str, value: bytes) -> None:
         if self._sink is None:
-            settings = self.settings
-            # A control record, not an event: a publish_timeout_s tuned for derived events
-            # (however small) must not fail a worker's start.
-            timeout_s = max(settings.publish_timeout_s, LEDGER_PUBLISH_TIMEOUT_S)
-            sink = KafkaSink(settings.kafka_bootstrap, timeout_s=timeout_s)
+            sink = KafkaSink(
+                self.settings.kafka_bootstrap,
+                timeout_s=self.settings.control_publish_timeout_s,
+                setting="control_publish_timeout_s",
+            )
             await with_startup_retry(self.settings, "Kafka producer", sink.start)
             self._sink = sink
         await self._sink.publish(self.topic, value, key=key.encode())

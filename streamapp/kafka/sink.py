@@ -75,8 +75,11 @@ class KafkaSink:
         timeout_s: float = 5.0,
         options: Mapping[str, Any] | None = None,
         metrics: SinkMetrics = NO_SINK_METRICS,
+        setting: str = "publish_timeout_s",
     ) -> None:
         self.timeout_s = timeout_s
+        self.setting = setting
+        """The setting ``timeout_s`` comes from (errors name it)."""
         self.metrics = metrics
         self.config = producer_config({"linger_ms": 2, **(options or {})})
         """The producer's options (bootstrap aside), durable ones included."""
@@ -114,7 +117,7 @@ class KafkaSink:
             self.metrics.publish_failed("kafka", topic, _outcome(exc))
             raise PublishError(
                 f"publish to topic {topic!r} not confirmed within {self.timeout_s:g}s "
-                f"(setting publish_timeout_s): {exc!r}"
+                f"(setting {self.setting}): {exc!r}"
             ) from exc
 
     async def publish_many(self, messages: Sequence[Message]) -> list[Receipt]:
@@ -146,7 +149,7 @@ class KafkaSink:
                 fut.cancel()
             raise PublishError(
                 f"batch of {len(messages)} messages not confirmed within {bound:g}s "
-                f"(setting publish_timeout_s): {exc!r}"
+                f"(setting {self.setting}): {exc!r}"
             ) from exc
         return [Receipt(meta.topic, meta.partition, meta.offset) for meta in metas]
 

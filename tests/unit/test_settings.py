@@ -284,3 +284,13 @@ def test_a_data_dir_given_as_text_is_a_path() -> None:
     settings = Settings.from_env("a", env={}, data_dir="some/dir")
     assert settings.data_dir == Path("some/dir")
     assert isinstance(settings.data_dir, Path)
+
+
+def test_settings_given_as_text_take_their_declared_types_or_name_the_setting() -> None:
+    settings = Settings.from_env(
+        "a", env={}, poll_timeout_ms="200", publish_timeout_s="2.5", amqp_reconnect="off"
+    )
+    assert (settings.poll_timeout_ms, settings.publish_timeout_s) == (200, 2.5)
+    assert settings.amqp_reconnect is False
+    with pytest.raises(ConfigError, match=r"setting poll_timeout_ms: .* is not a valid int"):
+        Settings.from_env("a", env={}, poll_timeout_ms="soon")
