@@ -26,6 +26,7 @@ from a registered model (:meth:`EventTypes.to_event`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -35,13 +36,15 @@ import orjson
 
 from .codecs.data import is_json_type
 from .errors import ConfigError, DataError
-from .events import Event
+from .events import Event, _Unfrozen
 from .reserved import refuse_extensions
 
 Upcast = Callable[[dict[str, Any]], dict[str, Any]]
 """One step of a type's schema: its data at version N (a dict) to version N + 1."""
 Versioner = Callable[[Event], int | None]
 """An event's schema version (None: version 1)."""
+_Read = Callable[[Event, Any], Any]
+"""An event's data (as the codec gave it) read as its type's model."""
 
 _SCHEMA_VERSION = re.compile(r"(?:^|[/:#.\-_v])v?(\d+)$")
 
@@ -79,6 +82,24 @@ class _Model:
                 "nor a pydantic model (a class with model_validate)"
             )
 
+    def read(self, event: Event, data: Any) -> Any:
+        """``data`` of ``event`` (JSON bytes, or decoded JSON) as the model; DataError
+        naming the event, its type, the model and the field when it does not fit."""
+        try:
+            if type(data) is bytes:
+                return self.from_json(data)
+            if isinstance(data, (bytearray, memoryview)):
+                return self.from_json(bytes(data))
+            return self.from_obj(data)
+        except Exception as exc:  # msgspec.ValidationError, pydantic's, a JSON error
+            raise self.misfit(event, exc) from None
+
+    def misfit(self, event: Event, exc: Exception) -> DataError:
+        return DataError(
+            f"data of event {event.id} (type {event.type!r}) does not fit "
+            f"{self.name}: {_problem(exc)}"
+        )
+
 
 class EventTypes:
     """The models of an agent's event types, their upcasters, and what to do with a type
@@ -108,6 +129,7 @@ class EventTypes:
         self.unknown = unknown
         self._version = version
         self._upcasts: dict[str, dict[int, Upcast]] = {}
+        self._readers: dict[str, _Read] = {}
 
     def upcaster(self, event_type: str, from_version: int) -> Callable[[Upcast], Upcast]:
         """Register ``fn(data) -> data`` from version ``from_version`` of
@@ -125,6 +147,7 @@ class EventTypes:
             if from_version in steps:
                 raise ConfigError(f"{event_type!r} has two upcasters from version {from_version}")
             steps[from_version] = fn
+            self._readers.pop(event_type, None)
             return fn
 
         return register
@@ -152,6 +175,9 @@ class EventTypes:
     def view(self, event: Event) -> Event | DataError:
         """``event`` as the handler sees it: its data decoded by its type's model when
         first read; a DataError when its type has no model and unknown types are rejected."""
+        read = self._readers.get(event.type)
+        if read is not None:  # per delivery: the type's reader is known after its first
+            return _typed(event, read)
         model = self._models.get(event.type)
         if model is None:
             if self.unknown == "reject":
@@ -167,24 +193,25 @@ class EventTypes:
                 except orjson.JSONDecodeError as exc:
                     return DataError(f"data of event {event.id} is not valid JSON: {exc}")
             return event
-        return _typed(event, lambda: self._decode(model, event))
+        return _typed(event, self._reader(event.type, model))
 
-    def _decode(self, model: _Model, event: Event) -> Any:
-        data = event.data
-        steps = self._upcasts.get(event.type)
+    def _reader(self, event_type: str, model: _Model) -> _Read:
+        """How data of ``event_type`` is read: by its model, after its upcasters."""
+        read = self._readers.get(event_type)
+        if read is None:
+            steps = self._upcasts.get(event_type)
+            read = model.read if not steps else functools.partial(self._upcast_read, model, steps)
+            self._readers[event_type] = read
+        return read
+
+    def _upcast_read(
+        self, model: _Model, steps: Mapping[int, Upcast], event: Event, data: Any
+    ) -> Any:
+        upcast = self._upcast(event, steps, _as_obj(event, data))
         try:
-            if steps:
-                return model.from_obj(self._upcast(event, steps, _as_obj(event, data)))
-            if isinstance(data, (bytes, bytearray, memoryview)):
-                return model.from_json(bytes(data))
-            return model.from_obj(data)
-        except DataError:
-            raise
-        except Exception as exc:  # msgspec.ValidationError, pydantic's, a JSON error
-            raise DataError(
-                f"data of event {event.id} (type {event.type!r}) does not fit "
-                f"{model.name}: {_problem(exc)}"
-            ) from None
+            return model.from_obj(upcast)
+        except Exception as exc:
+            raise model.misfit(event, exc) from None
 
     def _upcast(self, event: Event, steps: Mapping[int, Upcast], data: Any) -> Any:
         at = self._version(event) or 1
@@ -263,33 +290,50 @@ def _with_schema(event: Event, schema: str) -> Event:
     return dataclasses.replace(event, dataschema=schema)
 
 
-_UNREAD: Any = object()
+_data_slot = Event.__dict__["data"]  # the slot under a typed event's ``data`` property
+_raw_data: Callable[[Event], Any] = _data_slot.__get__
+
+
+class _Unread:
+    """What a typed event's ``data`` slot holds until first read: the data as the codec
+    gave it (JSON bytes, or a dict) and how its type's model reads it."""
+
+    __slots__ = ("raw", "read")
+
+    def __init__(self, raw: Any, read: _Read) -> None:
+        self.raw, self.read = raw, read
 
 
 class _TypedEvent(Event):
-    """An Event whose ``data`` is decoded by its model when first read."""
+    """An Event whose ``data`` is decoded by its model when first read (once: the
+    model's value then replaces the :class:`_Unread` in the slot). No slots of its own:
+    it is built as :func:`~streamapp.events.build_event` builds events."""
 
-    __slots__ = ("_decode", "_value")
-    _decode: Callable[[], Any]
-    _value: Any
+    __slots__ = ()
 
     @property
     def data(self) -> Any:
-        value = self._value
-        if value is _UNREAD:
-            value = self._decode()
-            object.__setattr__(self, "_value", value)
+        value = _raw_data(self)
+        if type(value) is _Unread:
+            value = value.read(self, value.raw)
+            _data_slot.__set__(self, value)
         return value
 
 
-_FIELDS = tuple(name for name in Event.__slots__ if name != "data")
-"""What a typed event copies (its ``data`` is the property; the slot under it is unused)."""
-
-
-def _typed(event: Event, decode: Callable[[], Any]) -> Event:
-    typed = object.__new__(_TypedEvent)
-    for name in _FIELDS:
-        object.__setattr__(typed, name, getattr(event, name))
-    object.__setattr__(typed, "_decode", decode)
-    object.__setattr__(typed, "_value", _UNREAD)
-    return typed
+def _typed(event: Event, read: _Read) -> Event:
+    """``event`` as a :class:`_TypedEvent` whose data ``read`` decodes (a copy: another
+    lane may read the same event): plain slot stores, then the class (per delivery)."""
+    typed: Any = _Unfrozen()
+    typed.id = event.id
+    typed.source = event.source
+    typed.type = event.type
+    typed.specversion = event.specversion
+    typed.subject = event.subject
+    typed.time = event.time
+    typed.datacontenttype = event.datacontenttype
+    typed.dataschema = event.dataschema
+    typed.data = _Unread(_raw_data(event), read)
+    typed.extensions = event.extensions
+    typed.__class__ = _TypedEvent
+    built: Event = typed
+    return built
