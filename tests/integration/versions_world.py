@@ -11,9 +11,12 @@ The :class:`Reader` asks every key of every worker, round after round, with ``?m
 answer that breaks the rules of issue 17 in :attr:`Reader.violations`:
 
 - a 200 carries ``Streamapp-Table-Version``; its value is the exact fold of that version
-  at a stream version between what the reader had seen of the key (per key, across
-  versions: monotonic) and the key's head once the answer came; ``?meta=1`` says the
-  same version;
+  at a stream version between what the reader had seen of the key before asking and
+  the key's head once the answer came (monotonic per key and version across workers,
+  and per key and worker across the versions it serves unpinned: a worker switched to
+  v2 before another, and v2 on RabbitMQ replayed the store past what the queue
+  delivered to v1 meanwhile, so v1 on one worker may stand below v2 on another);
+  ``?meta=1`` says the same version;
 - a 503 carries ``Retry-After`` (and the version header); anything else (404 for a key
   that exists, 421, 500) is a violation;
 - no v2 answer before the driver allowed it (:meth:`Reader.allow`: the last worker of
@@ -31,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -163,8 +167,12 @@ class Reader:
     pinned: str = "exact"
     """What ``?version=1`` must answer: ``exact`` (the v1 fold), ``off`` (not asked) or
     ``gone`` (404: v1 was retired)."""
-    seen: dict[str, int] = field(default_factory=dict)
-    seen_pinned: dict[str, int] = field(default_factory=dict)
+    seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(key, table version) -> the highest stream version answered, by any worker."""
+    seen_at: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(key, worker) -> the highest stream version that worker answered unpinned."""
+    seen_by: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
+    """(key, version) -> the answer that gave :attr:`seen` (worker, phase, store position)."""
     switched_at: dict[int, float] = field(default_factory=dict)
     """Worker index -> when its first v2 answer came (monotonic)."""
     counts: Counter[tuple[int, int, int | None]] = field(default_factory=Counter)
@@ -194,8 +202,9 @@ class Reader:
 
     def check(self) -> None:
         assert self._task is None or not self._task.done() or self._task.exception() is None
+        kinds = Counter(v.split(": ", 1)[-1].split(":")[0] for v in self.violations)
         assert not self.violations, (
-            f"{len(self.violations)} wrong answers, e.g. {self.violations[:5]}; "
+            f"{len(self.violations)} wrong answers {dict(kinds)}, e.g. {self.violations[:8]}; "
             f"answers {dict(self.counts)}"
         )
 
@@ -243,7 +252,8 @@ class Reader:
     ) -> None:
         w = self.workers[i]
         query = "?meta=1" + ("" if pin is None else f"&version={pin}")
-        seen = (self.seen if pin is None else self.seen_pinned).get(key, 0)
+        floors = {v: self.seen.get((key, v), 0) for v in (1, 2)}
+        own = self.seen_at.get((key, i), 0) if pin is None else 0  # what it serves unpinned
         asked = time.monotonic()
         try:
             async with http.get(f"http://127.0.0.1:{w.port}/tables/{TABLE}/{key}{query}") as r:
@@ -255,7 +265,8 @@ class Reader:
         raw = headers.get(VERSION_HEADER)
         version = int(raw) if raw is not None and raw.isdigit() else None
         self.counts[(i, status, version)] += 1
-        where = f"worker {i} (port {w.port}) {key}{query} v{version}"
+        at = datetime.now().strftime("%H:%M:%S.%f")[:-3]  # to read beside the workers' logs
+        where = f"{at} worker {i} (port {w.port}) {key}{query} v{version}"
         if status == 503:
             if not headers.get("Retry-After"):
                 self.violations.append(f"{where}: 503 without Retry-After")
@@ -281,15 +292,21 @@ class Reader:
             self.violations.append(f"{where}: v2 answered while a worker of the old code ran")
         if pin is None and version == 1 and asked > self.switched_at.get(i, asked + 1):
             self.violations.append(f"{where}: v1 answered after this worker answered v2")
+        seen = max(floors.get(version, 0), own)
         why = self.model.check(version, key, meta.get("value"), seen, head)
         if why is not None:
-            self.violations.append(f"{where}: {why}")
+            said = {k: meta.get(k) for k in ("partition", "phase", "checkpoint", "store_position")}
+            by = self.seen_by.get((key, version))
+            self.violations.append(f"{where}: {why} (served {said}; seen from {by}, own {own})")
             return
         n = meta["value"]["n"]
         if meta.get("stream_version", n) != n:  # the key's committed stream version
             self.violations.append(f"{where}: stream_version {meta['stream_version']} != n {n}")
-        target = self.seen if pin is None else self.seen_pinned
-        target[key] = max(target.get(key, 0), n)
+        if n > self.seen.get((key, version), 0):
+            self.seen[(key, version)] = n
+            self.seen_by[(key, version)] = (i, meta.get("phase"), meta.get("store_position"))
+        if pin is None:
+            self.seen_at[(key, i)] = max(self.seen_at.get((key, i), 0), n)
         if pin is None and version == 2:
             self.switched_at.setdefault(i, time.monotonic())
 
@@ -351,20 +368,21 @@ async def roll(
     reader: Reader | None = None,
     *,
     ready_s: float = 180.0,
-    between: Any = None,
+    started: Any = None,
 ) -> None:
     """A rolling deploy: each worker in turn stopped (SIGTERM), started with ``variant``
     and waited for (ready). ``reader.allow()`` is called as the last worker of the old
-    code stops; ``between(i)`` (a coroutine function) runs after worker i is back."""
+    code stops; ``started(i)`` (a coroutine function) runs once worker i is started,
+    before it is ready (it catches up meanwhile)."""
     for i, w in enumerate(workers):
         if reader is not None and i == len(workers) - 1:
             reader.allow()
         assert w.stop() == 0, w.log_text()[-3000:]
         w.extra_env[VARIANT] = variant
         w.start()
+        if started is not None:
+            await started(i)
         await wait_ready(w, ready_s)
-        if between is not None:
-            await between(i)
 
 
 def retire(w: WorkerProc, version: int, *, yes: bool = True) -> subprocess.CompletedProcess[str]:
@@ -536,14 +554,13 @@ async def _scenario(d: Deployment, load: Load, reader: Reader, rate: float, kill
     if d.topics:
         topics_create(workers[0], "v1+v2")  # v2's changelog topic, as an operator would
 
-    async def between(i: int) -> None:
+    async def started(i: int) -> None:
         if kills and i == 0:  # kill -9 the first new-code worker while its v2 lanes build
-            await wait_lane(workers[0], "status_v2", "catching_up")
+            await wait_lane(workers[0], "status_v2", "catching_up", poll_s=0.02)
             workers[0].kill()
             workers[0].start()
-            await wait_ready(workers[0], 300)
 
-    await roll(workers, "v1+v2", reader, between=between)
+    await roll(workers, "v1+v2", reader, started=started)
     await wait_state(workers, 2, {"active"}, reader=reader)
     if kills:  # kill -9 a worker at the switch (the last one when there is one)
         victim = workers[min(1, len(workers) - 1)]
@@ -570,6 +587,10 @@ async def _scenario(d: Deployment, load: Load, reader: Reader, rate: float, kill
     for i in range(len(workers)):  # every worker answered v1, then v2
         assert reader.answered(i, 200, 1) > 0, reader.counts
         assert reader.answered(i, 200, 2) > 0, reader.counts
+    deadline = time.monotonic() + 30  # each worker drops them once it hears (it polls)
+    while any(any(w.data_dir.glob("**/status_v1")) for w in workers):
+        left = [str(w.data_dir) for w in workers if any(w.data_dir.glob("**/status_v1"))]
+        assert time.monotonic() < deadline, f"v1's stores left in {left}"
+        await asyncio.sleep(0.2)
     for w in workers:
-        assert not any(w.data_dir.glob("**/status_v1")), f"v1's stores left in {w.data_dir}"
         assert "Traceback" not in w.log_text(), w.log_text()[-3000:]
