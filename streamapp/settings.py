@@ -258,6 +258,7 @@ class Settings:
             "amqp_heartbeat_ms",
             "amqp_session_timeout_ms",
             "publish_timeout_s",
+            "control_publish_timeout_s",
             "transaction_timeout_s",
             "shutdown_timeout_s",
             "store_open_timeout_s",

@@ -69,7 +69,10 @@ class _Model:
         if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
             decoder = msgspec.json.Decoder(cls)
             self.from_json: Callable[[bytes], Any] = decoder.decode
-            self.from_obj: Callable[[Any], Any] = lambda obj: msgspec.convert(obj, cls)
+            # str_keys: decoded JSON (a replayed event's data) reads as its bytes would
+            self.from_obj: Callable[[Any], Any] = lambda obj: msgspec.convert(
+                obj, cls, str_keys=True
+            )
             self.to_obj: Callable[[Any], Any] = msgspec.to_builtins
         elif isinstance(cls, type) and callable(getattr(cls, "model_validate", None)):
             pydantic: Any = cls

@@ -259,6 +259,22 @@ async def test_a_topic_read_only_by_typed_agents_decodes_json_data_once_from_byt
     assert "not valid JSON" in dict(parked.headers)["streamapp-park-reason"].decode()
 
 
+def test_data_reads_the_same_from_bytes_and_from_decoded_json() -> None:
+    """Live (bytes) and replayed (a dict from the store) data decode alike."""
+
+    class Tally(msgspec.Struct):
+        counts: dict[int, str]
+
+    types = EventTypes({"t": Tally})
+    raw = dataclasses.replace(
+        _event("t", None), data=b'{"counts": {"1": "x"}}', datacontenttype="application/json"
+    )
+    from_bytes, from_dict = types.view(raw), types.view(_event("t", {"counts": {"1": "x"}}))
+    assert isinstance(from_bytes, Event)
+    assert isinstance(from_dict, Event)
+    assert from_bytes.data == from_dict.data == Tally({1: "x"})
+
+
 async def test_a_topic_with_an_untyped_agent_keeps_parsing_json_for_it() -> None:
     app = App("t")
     src = app.topic("in", partitions=1)
