@@ -31,6 +31,7 @@ from .reserved import CHAIN
 ORIGIN_TOPIC = "x-origin-topic"
 """The dead-letter copy's origin (:data:`streamapp.retry_chain.ORIGIN_TOPIC`)."""
 PARK_SOURCE = "streamapp-source"
+PARK_AGENT = "streamapp-agent"
 """A parked copy's ``topic/partition/position`` (:func:`streamapp.engine.delivery.park_headers`)."""
 OWN_PREFIX = "streamapp-"
 
@@ -77,6 +78,20 @@ def origin_topic(headers: Headers) -> str | None:
         return None
     topic = source.decode(errors="replace").rsplit("/", 2)[0]
     return topic or None
+
+
+def parked_source(headers: Headers) -> tuple[str, int] | None:
+    """The topic and position a parked copy came from (``streamapp-source``:
+    ``topic/partition/position``; None: not parked by streamapp)."""
+    raw = next((v for n, v in reversed(list(headers)) if n == PARK_SOURCE), None)
+    if raw is None:
+        return None
+    rest, _, position = raw.decode(errors="replace").rpartition("/")
+    topic = rest.rpartition("/")[0]
+    try:
+        return (topic, int(position)) if topic else None
+    except ValueError:
+        return None
 
 
 def stripped(headers: Headers) -> list[tuple[str, bytes]]:

@@ -13,7 +13,8 @@ import orjson
 
 from ..errors import StreamappError
 from ..topics import TopicRole
-from .main import app_option, load_app, main
+from .main import _app_ref, app_option, load_app, main
+from .store_parked import store_parked_replay
 
 if TYPE_CHECKING:
     from ..eventstore import EventStoreBackend, ParkedRecord
@@ -102,21 +103,25 @@ def store_read(app_ref: str, from_position: int, limit: int) -> None:
         click.echo(b'{"position":%d,"event":%s}' % (row.position, row.payload))
 
 
-@store.command("parked")
-@app_option
+@store.group("parked", invoke_without_command=True)
+@click.option("-A", "--app", "app_ref", help="MODULE[:ATTRIBUTE] of the App.")
 @click.option(
     "--destination",
     "destinations",
     multiple=True,
     help="Parking destination to read (repeatable; default: every Park destination of the app).",
 )
-def store_parked(app_ref: str, destinations: tuple[str, ...]) -> None:
+@click.pass_context
+def store_parked(ctx: click.Context, app_ref: str | None, destinations: tuple[str, ...]) -> None:
     """Print the deliveries a store-only worker parked, as JSON lines in park order.
 
     Each line: id, destination, parked_at, reason, source (topic/partition/store
     position), key, value and headers. A bytes field is text when it is UTF-8, else it
-    is given as ``<field>_base64``.
+    is given as ``<field>_base64``. ``store parked replay`` sends them back.
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    app_ref = _app_ref(ctx, ctx.command.params[0], app_ref)
     app = load_app(app_ref)
     wanted = list(destinations) or [p.name for p in app.topic_plan() if p.role is TopicRole.PARKING]
     if not wanted:
@@ -130,6 +135,9 @@ def store_parked(app_ref: str, destinations: tuple[str, ...]) -> None:
 
     for record in _with_store(app_ref, read):
         click.echo(orjson.dumps(_parked_json(record)))
+
+
+store_parked.add_command(store_parked_replay)
 
 
 def _parked_json(record: ParkedRecord) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from .base import (
     ForwarderState,
     OnDuplicate,
     ParkedRecord,
+    Resent,
     StoredEvent,
     StoredRow,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "InvalidEventError",
     "OnDuplicate",
     "ParkedRecord",
+    "Resent",
     "StoreUrl",
     "StoredEvent",
     "StoredRow",

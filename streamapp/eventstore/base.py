@@ -123,6 +123,13 @@ class ParkedRecord:
         return (self.header("streamapp-park-reason") or b"").decode(errors="replace")
 
 
+class Resent(NamedTuple):
+    """An entry of the resend log: its number (increasing) and the parked row sent back."""
+
+    id: int
+    parked: ParkedRecord
+
+
 def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
     """Headers as JSON text (values base64): bytes round-trip exactly, order kept."""
     return orjson.dumps([[n, base64.b64encode(v).decode()] for n, v in headers]).decode()
@@ -241,6 +248,24 @@ class EventStoreBackend(EventStore, Protocol):
 
     async def parked(self, destination: str) -> list[ParkedRecord]:
         """Every record parked to ``destination``, in park order."""
+        ...
+
+    async def resend(self, app_id: str, run: str, parked_ids: Sequence[int]) -> int:
+        """Send parked rows back to the agents of ``app_id`` that parked them
+        (``streamapp store parked replay``): append them to the resend log
+        (``streamapp_resent``) in one transaction, in order, numbered above every entry
+        already there. ``run`` names the run: the same run appended again (a commit
+        whose reply was lost) adds nothing. Returns the count appended."""
+        ...
+
+    async def resent(self, app_id: str, after: int, limit: int) -> list[Resent]:
+        """Entries of ``app_id``'s resend log numbered above ``after``, in order, each
+        with its parked row (at most ``limit``)."""
+        ...
+
+    async def resent_through(self, app_id: str, destination: str) -> int:
+        """The highest parked row id of ``destination`` sent back for ``app_id`` (0:
+        none): where a replay run without ``--from`` starts after."""
         ...
 
     async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:

@@ -50,6 +50,7 @@ from .base import (
     EventKey,
     OnDuplicate,
     ParkedRecord,
+    Resent,
     StoredEvent,
     StoredRow,
     decode_headers,
@@ -107,6 +108,14 @@ SCHEMA = [
         parked_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     """CREATE INDEX IF NOT EXISTS streamapp_parked_destination
         ON streamapp_parked (destination, id)""",
+    """CREATE TABLE IF NOT EXISTS streamapp_resent (
+        id BIGSERIAL PRIMARY KEY,
+        app_id TEXT NOT NULL,
+        run TEXT NOT NULL,
+        parked_id BIGINT NOT NULL,
+        sent_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        UNIQUE (app_id, run, parked_id))""",
+    """CREATE INDEX IF NOT EXISTS streamapp_resent_app ON streamapp_resent (app_id, id)""",
     """CREATE TABLE IF NOT EXISTS streamapp_ledger (
         app_id TEXT NOT NULL, key TEXT NOT NULL, value BYTEA, PRIMARY KEY (app_id, key))""",
     """CREATE TABLE IF NOT EXISTS streamapp_store (
@@ -315,6 +324,63 @@ class PostgresEventStore:
         # Run again after a lost connection: a park is at-least-once (a copy, like a
         # publish whose confirm was lost), never dropped.
         await self.session.run(park, "a park")
+
+    async def resend(self, app_id: str, run: str, parked_ids: Sequence[int]) -> int:
+        async def resend(conn: Connection) -> int:
+            # The table lock orders the runs: a reader following the log by id never
+            # skips an entry that a slower run commits later (ids are taken under it).
+            async with conn.transaction(), conn.cursor() as cur:
+                await cur.execute("LOCK TABLE streamapp_resent IN EXCLUSIVE MODE")
+                added = 0
+                for parked_id in parked_ids:
+                    await cur.execute(
+                        "INSERT INTO streamapp_resent (app_id, run, parked_id) "
+                        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                        (app_id, run, parked_id),
+                    )
+                    added += cur.rowcount
+                return added
+
+        # Run again after a lost connection: the run's name makes it once.
+        return await self.session.run(resend, "sending parked rows back")
+
+    async def resent(self, app_id: str, after: int, limit: int) -> list[Resent]:
+        async def read(conn: Connection) -> list[Any]:
+            cur = await conn.execute(
+                "SELECT r.id, p.id, p.destination, p.key, p.value, p.headers, p.parked_at "
+                "FROM streamapp_resent r JOIN streamapp_parked p ON p.id = r.parked_id "
+                "WHERE r.app_id = %s AND r.id > %s ORDER BY r.id LIMIT %s",
+                (app_id, after, limit),
+            )
+            return await cur.fetchall()
+
+        rows = await self.session.run(read, "reading the resend log")
+        return [
+            Resent(
+                r,
+                ParkedRecord(
+                    i,
+                    d,
+                    None if k is None else bytes(k),
+                    None if v is None else bytes(v),
+                    decode_headers(h),
+                    at.astimezone(UTC),
+                ),
+            )
+            for r, i, d, k, v, h, at in rows
+        ]
+
+    async def resent_through(self, app_id: str, destination: str) -> int:
+        async def read(conn: Connection) -> Any:
+            cur = await conn.execute(
+                "SELECT max(r.parked_id) FROM streamapp_resent r JOIN streamapp_parked p "
+                "ON p.id = r.parked_id WHERE r.app_id = %s AND p.destination = %s",
+                (app_id, destination),
+            )
+            return await cur.fetchone()
+
+        row = await self.session.run(read, "reading the resend log")
+        return int(row[0] or 0) if row else 0
 
     async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:
         async def read(conn: Connection) -> list[Any]:

@@ -38,6 +38,7 @@ from .base import (
     EventKey,
     OnDuplicate,
     ParkedRecord,
+    Resent,
     StoredEvent,
     StoredRow,
     decode_headers,
@@ -47,6 +48,7 @@ from .base import (
     plan_batch,
     worker_locked,
 )
+from .sqlite_forwarder import SqliteForwarderState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,6 +85,15 @@ CREATE TABLE IF NOT EXISTS streamapp_parked (
     parked_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS streamapp_parked_destination ON streamapp_parked (destination, id);
+CREATE TABLE IF NOT EXISTS streamapp_resent (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    app_id TEXT NOT NULL,
+    run TEXT NOT NULL,
+    parked_id INTEGER NOT NULL,
+    sent_at REAL NOT NULL,
+    UNIQUE (app_id, run, parked_id)
+);
+CREATE INDEX IF NOT EXISTS streamapp_resent_app ON streamapp_resent (app_id, id);
 CREATE TABLE IF NOT EXISTS streamapp_ledger (
     app_id TEXT NOT NULL, key TEXT NOT NULL, value BLOB, PRIMARY KEY (app_id, key)
 );
@@ -264,6 +275,53 @@ class SqliteEventStore:
 
         return await self._run(read)
 
+    async def resend(self, app_id: str, run: str, parked_ids: Sequence[int]) -> int:
+        now = time.time()
+
+        def resend() -> int:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")  # one writer: entries numbered in commit order
+            try:
+                before = conn.total_changes
+                conn.executemany(
+                    "INSERT OR IGNORE INTO streamapp_resent (app_id, run, parked_id, sent_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    [(app_id, run, i, now) for i in parked_ids],
+                )
+                added = conn.total_changes - before
+                conn.execute("COMMIT")
+                return added
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+        return await self._run(resend)
+
+    async def resent(self, app_id: str, after: int, limit: int) -> list[Resent]:
+        def read() -> list[Resent]:
+            rows = self._conn.execute(
+                "SELECT r.id, p.id, p.destination, p.key, p.value, p.headers, p.parked_at "
+                "FROM streamapp_resent r JOIN streamapp_parked p ON p.id = r.parked_id "
+                "WHERE r.app_id = ? AND r.id > ? ORDER BY r.id LIMIT ?",
+                (app_id, after, limit),
+            ).fetchall()
+            return [
+                Resent(
+                    r, ParkedRecord(i, d, k, v, decode_headers(h), datetime.fromtimestamp(at, UTC))
+                )
+                for r, i, d, k, v, h, at in rows
+            ]
+
+        return await self._run(read)
+
+    async def resent_through(self, app_id: str, destination: str) -> int:
+        sql = (
+            "SELECT max(r.parked_id) FROM streamapp_resent r JOIN streamapp_parked p "
+            "ON p.id = r.parked_id WHERE r.app_id = ? AND p.destination = ?"
+        )
+        row = await self._run(lambda: self._conn.execute(sql, (app_id, destination)).fetchone())
+        return int(row[0] or 0)
+
     async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:
         sql = "SELECT key, value FROM streamapp_ledger WHERE app_id = ? ORDER BY key"
         return await self._run(lambda: self._conn.execute(sql, (app_id,)).fetchall())
@@ -316,80 +374,6 @@ class SqliteEventStore:
             conn.execute("ROLLBACK")
             raise
         return result
-
-
-class SqliteForwarderState:
-    """A forwarder's checkpoint in the store file, its lock on ``<db>.forwarder.lock``.
-
-    The lock is ``flock``: the kernel drops it when the holder dies, even by ``kill -9``,
-    so a waiting forwarder takes over within one poll.
-    """
-
-    def __init__(self, store: SqliteEventStore, name: str, *, poll_s: float = 0.5) -> None:
-        self.store = store
-        self.name = name
-        self.poll_s = poll_s
-        self.lock_path = store.path.with_name(store.path.name + ".forwarder.lock")
-
-    @contextlib.asynccontextmanager
-    async def lock(self) -> AsyncIterator[None]:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            waited = False
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if not waited:
-                        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                        log.info(
-                            "forwarder %s waits: the forwarder lock %s is held by %s",
-                            self.name,
-                            self.lock_path,
-                            holder or "another process",
-                        )
-                        waited = True
-                    await asyncio.sleep(self.poll_s)
-            me = f"forwarder {self.name} pid {os.getpid()} on {socket.gethostname()}"
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, me.encode(), 0)
-            log.info("forwarder %s holds the forwarder lock %s", self.name, self.lock_path)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
-
-    async def load(self) -> int:
-        def load() -> int:
-            row = self.store._conn.execute(
-                "SELECT next_position FROM streamapp_forwarder_checkpoints WHERE name = ?",
-                (self.name,),
-            ).fetchone()
-            return 1 if row is None else int(row[0])
-
-        return await self.store._run(load)
-
-    async def save(self, next_position: int, offsets: Sequence[tuple[str, int, int, int]]) -> None:
-        def save() -> None:
-            conn = self.store._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.execute(
-                    "INSERT INTO streamapp_forwarder_checkpoints VALUES (?, ?, ?) "
-                    "ON CONFLICT (name) DO UPDATE SET next_position = excluded.next_position, "
-                    "updated_at = excluded.updated_at",
-                    (self.name, next_position, time.time()),
-                )
-                conn.executemany(
-                    "INSERT OR IGNORE INTO streamapp_forwarder_marks VALUES (?, ?, ?, ?, ?)",
-                    [(self.name, *row) for row in offsets],
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-
-        await self.store._run(save)
 
 
 def _connect(path: Path, busy_timeout_s: float, url: str, create: bool) -> sqlite3.Connection:

@@ -10,7 +10,8 @@ same app and store is refused (a lock held for the worker's life).
 Parking (``on_failure=Park(destination)``) has no broker to publish to: a parked copy is
 a row of ``streamapp_parked`` in the store's own database (:class:`StoreParking`), read
 back with ``streamapp store parked``. The position in its ``streamapp-source`` header is
-the event's global store position.
+the event's global store position. ``streamapp store parked replay`` sends rows back:
+the worker applies them through the lane that parked them (:mod:`.resend`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..eventstore.base import EventStoreBackend
 from ..records import Message, Receipt
 from ..settings import Settings
 from ..tables.store import Store, rocks_opener
+from .resend import ResendFollower
 
 log = logging.getLogger("streamapp.eventstore")
 
@@ -148,6 +150,7 @@ class StoreSource:
         self._failed: BaseException | None = None
         self._fatal = asyncio.Event()
         self._lock_watch: asyncio.Task[None] | None = None
+        self._resends: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._lock.__aenter__()  # raises when another worker holds it
@@ -160,6 +163,9 @@ class StoreSource:
                 self.assignment.tasks[(topic.name, p)] = task
                 task.start()
         self.assignment.rebalancing = False
+        if ResendFollower.needed(self.app):  # parked rows sent back (store parked replay)
+            follower = ResendFollower(self.app, self.feed.store, self.assignment)
+            self._resends = asyncio.create_task(follower.run(), name="parked rows sent back")
 
     def _task(self, topic: str, p: int) -> PartitionTask:
         settings, app = self.settings, self.app
@@ -174,6 +180,9 @@ class StoreSource:
         return task
 
     async def stop(self) -> None:
+        if self._resends is not None:
+            self._resends.cancel()
+            await asyncio.gather(self._resends, return_exceptions=True)
         tasks = list(self.assignment.tasks.values())
         self.assignment.tasks.clear()
         for task in tasks:

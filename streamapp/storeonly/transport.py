@@ -111,9 +111,9 @@ class StoreOnlyTransport:
         raise ReplayError(
             "setting broker (STREAMAPP_BROKER) = 'none' has no parking or dead-letter "
             "topics to send back from: a parked record is a row of the event store "
-            "(`streamapp store parked` prints them), an event the store keeps in its place; "
-            "run it with the fixed handler by rebuilding the agent's tables from the store "
-            "(docs/failures.md, 'Re-running what was parked')"
+            "(`streamapp store parked` prints them); send rows back to the agents that "
+            "parked them with `streamapp store parked replay` (docs/failures.md, "
+            "'Re-running what was parked')"
         )
 
 

@@ -38,7 +38,10 @@ class Checkpoint:
 
     ``store``: the identity of the event store whose positions ``history`` counts.
     ``partitions``: the source's partition count the state was split by. ``tables``:
-    the names of the agent's tables the state holds (sorted)."""
+    the names of the agent's tables the state holds (sorted).
+
+    ``resent``: the last entry of the event store's resend log this lane has handled
+    (``streamapp store parked replay``): parked rows sent back are applied once."""
 
     live: int | None = None
     history: int | None = None
@@ -50,6 +53,7 @@ class Checkpoint:
     tables: tuple[str, ...] | None = None
     mark: str = ""
     marked: int = -1
+    resent: int = 0
 
     def advanced(self, **changes: Any) -> Checkpoint:
         return replace(self, **changes)
@@ -66,6 +70,7 @@ class Checkpoint:
                 **self._provenance(),
                 "mark": self.mark,
                 "marked": self.marked,
+                "resent": self.resent,
             }
         )
 
@@ -128,6 +133,7 @@ class Checkpoint:
             written_ms=int(body.get("written_ms") or 0),
             mark=str(body.get("mark") or ""),
             marked=int(body.get("marked", -1)),
+            resent=int(body.get("resent") or 0),
             **_provenance_of(body),
         )
 

@@ -183,3 +183,90 @@ def test_parked_prints_json_lines_in_park_order(env: dict[str, str]) -> None:
     assert [orjson.loads(x)["value"] for x in other.stdout.splitlines()] == ["x"]
     none = run(env, "parked", "--destination", "nothing-here")
     assert (none.exit_code, none.stdout) == (0, "")
+
+
+def test_parked_replay_sends_rows_back_once_per_run_and_keeps_a_mark(
+    env: dict[str, str],
+) -> None:
+    """``store parked replay`` appends the rows to the store's resend log (what the
+    worker applies): a dry run lists them and sends nothing, a run sends each row once,
+    the next run only what was parked since, and a row the app has no agent for stops
+    the run (exit 1) naming it, after the rows before it went back."""
+    import asyncio
+
+    from agents.orders import PARKING
+    from streamapp.eventstore import open_store
+
+    env = {**env, "STREAMAPP_BROKER": "none"}
+
+    async def park(*rows: tuple[str, bytes]) -> None:
+        es = await open_store(env["STREAMAPP_EVENT_STORE"])
+        try:
+            for name, source in rows:
+                headers = [("streamapp-agent", name.encode()), ("streamapp-source", source)]
+                await es.park(PARKING, b"{}", key=b"o1", headers=headers)
+        finally:
+            await es.close()
+
+    async def log() -> list[int]:
+        es = await open_store(env["STREAMAPP_EVENT_STORE"])
+        try:
+            return [entry.parked.id for entry in await es.resent("orders", 0, 100)]
+        finally:
+            await es.close()
+
+    asyncio.run(
+        park(("project_order_status", b"orders/3/17"), ("project_order_status", b"orders/1/2"))
+    )
+    dry = run(env, "parked", "replay", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would send parked row 1 (orders/3/17) back to agent project_order_status" in dry.stdout
+    assert "dry run: would send 2 parked rows back (project_order_status: 2)" in dry.stdout
+    assert asyncio.run(log()) == []
+
+    sent = run(env, "parked", "replay")
+    assert sent.exit_code == 0, sent.output
+    assert "sent 2 parked rows back to their agents (project_order_status: 2)" in sent.stdout
+    assert asyncio.run(log()) == [1, 2]
+    again = run(env, "parked", "replay")
+    assert "sent 0 parked rows back" in again.stdout
+
+    asyncio.run(park(("project_order_status", b"orders/0/5"), ("gone", b"orders/0/6")))
+    asyncio.run(park(("project_order_status", b"orders/0/7")))
+    stopped = run(env, "parked", "replay")
+    assert stopped.exit_code == 1
+    assert "sent 1 parked rows back" in stopped.stdout
+    assert "parked row 4 of orders.parked cannot go back: it names agent 'gone'" in stopped.output
+    assert "--from 5 skips it" in stopped.output
+    assert asyncio.run(log()) == [1, 2, 3]
+    rest = run(env, "parked", "replay", "--from", "5")
+    assert "sent 1 parked rows back" in rest.stdout
+    everything = run(env, "parked", "replay", "--from", "1", "--until", "3")
+    assert "sent 2 parked rows back" in everything.stdout
+    assert asyncio.run(log()) == [1, 2, 3, 5, 1, 2]
+
+
+def test_parked_replay_on_a_broker_points_to_the_broker_command(env: dict[str, str]) -> None:
+    result = run({**env, "STREAMAPP_BROKER": "kafka"}, "parked", "replay")
+    assert result.exit_code == 2
+    assert "streamapp parked replay -A agents.orders:app --topic DESTINATION" in result.output
+
+
+def test_a_run_sent_again_adds_nothing(tmp_path: Path) -> None:
+    """A run's rows appended twice (a commit whose reply was lost, retried) are sent once."""
+    import asyncio
+
+    async def main_() -> tuple[int, int, list[int], int]:
+        es = await SqliteEventStore.open(f"sqlite:///{tmp_path}/e.db")
+        try:
+            for _ in range(3):
+                await es.park("p", b"v", headers=[("streamapp-source", b"t/0/1")])
+            first = await es.resend("a", "run-1", [1, 3])
+            twice = await es.resend("a", "run-1", [1, 3])
+            await es.resend("b", "run-2", [2])
+            entries = [e.parked.id for e in await es.resent("a", 0, 10)]
+            return first, twice, entries, await es.resent_through("a", "p")
+        finally:
+            await es.close()
+
+    assert asyncio.run(main_()) == (2, 0, [1, 3], 3)
