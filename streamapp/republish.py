@@ -31,8 +31,9 @@ from .reserved import CHAIN
 ORIGIN_TOPIC = "x-origin-topic"
 """The dead-letter copy's origin (:data:`streamapp.retry_chain.ORIGIN_TOPIC`)."""
 PARK_SOURCE = "streamapp-source"
-PARK_AGENT = "streamapp-agent"
 """A parked copy's ``topic/partition/position`` (:func:`streamapp.engine.delivery.park_headers`)."""
+PARK_AGENT = "streamapp-agent"
+"""The agent that parked the copy."""
 OWN_PREFIX = "streamapp-"
 
 

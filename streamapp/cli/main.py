@@ -81,8 +81,11 @@ def _module_of(ref: str, target: str, attr: str) -> str:
 
 
 def _app_ref(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    """``-A`` given after the command, else before it (``streamapp -A MOD worker``)."""
-    ref = value or ctx.find_root().params.get("app_ref")
+    """``-A`` given after the command, else before it (``streamapp -A MOD worker``, or
+    after a group that takes it: ``streamapp store parked -A MOD replay``)."""
+    ref, parent = value, ctx.parent
+    while not ref and parent is not None:  # streamapp [-A MOD] GROUP [-A MOD] COMMAND
+        ref, parent = parent.params.get("app_ref"), parent.parent
     if not ref:
         raise click.ClickException(
             f"{ctx.command_path}: give the app with -A MODULE[:ATTRIBUTE], e.g. -A agents.orders"

@@ -120,6 +120,11 @@ def store_parked(ctx: click.Context, app_ref: str | None, destinations: tuple[st
     is given as ``<field>_base64``. ``store parked replay`` sends them back.
     """
     if ctx.invoked_subcommand is not None:
+        if destinations:
+            raise click.UsageError(
+                f"give --destination after `{ctx.invoked_subcommand}`: "
+                f"streamapp store parked {ctx.invoked_subcommand} --destination NAME"
+            )
         return
     app_ref = _app_ref(ctx, ctx.command.params[0], app_ref)
     app = load_app(app_ref)

@@ -31,6 +31,8 @@ class _Run:
     rows: list[ParkedRecord] = field(default_factory=list)
     per_agent: Counter[str] = field(default_factory=Counter)
     bad: str | None = None
+    sent: int = 0
+    """Rows appended to the log (fewer than ``rows``: another run sent the rest)."""
 
 
 @click.command("replay")
@@ -64,8 +66,10 @@ def store_parked_replay(
     again, under its failure policy (one that fails again is parked again), and applies
     it once (its table checkpoint records the rows applied). A run takes the rows parked
     when it starts, from --from (default: after the last row sent back) up to --until;
-    a second run sends only what was parked since. A row whose agent or topic is not in
-    the app stops the run (exit 1), naming it; the rows before it are sent.
+    a second run sends only what was parked since (--from sends rows again). A row whose
+    agent or topic is not in the app stops the run (exit 1), naming it; the rows before
+    it are sent. Table effects apply once; an event whose stream has moved past it is
+    skipped by its stream version (rebuild the table then, e.g. as a new version).
     """
     app = load_app(app_ref)
     try:
@@ -83,16 +87,22 @@ def store_parked_replay(
         raise click.ClickException(str(exc)) from exc
     counts = ", ".join(f"{a}: {n}" for a, n in sorted(run.per_agent.items()))
     counts = f" ({counts})" if counts else ""
-    n = len(run.rows)
     if dry_run:
-        click.echo(f"dry run: would send {n} parked rows back{counts}; nothing sent")
+        click.echo(f"dry run: would send {_rows(len(run.rows))} back{counts}; nothing sent")
     else:
+        others = len(run.rows) - run.sent
+        elsewhere = f"; {_rows(others)} sent by another run meanwhile" if others else ""
         click.echo(
-            f"sent {n} parked rows back to their agents{counts}; the worker applies them "
-            "within about a second (`streamapp store parked` lists any parked again)"
+            f"sent {_rows(run.sent)} back to their agents{counts}{elsewhere}. The running "
+            "worker (or the next one to start) runs them once their partitions are live "
+            "(`streamapp store parked` lists any that fail again)"
         )
     if run.bad is not None:
         raise click.ClickException(run.bad)
+
+
+def _rows(n: int) -> str:
+    return f"{n} parked row{'' if n == 1 else 's'}"
 
 
 def _destinations(app: App, app_ref: str, given: tuple[str, ...]) -> list[str]:
@@ -136,7 +146,8 @@ async def _send(
                 agent = (row.header(PARK_AGENT) or b"").decode(errors="replace")
                 click.echo(f"would send parked row {row.id} ({origin}) back to agent {agent}")
         if not dry_run and run.rows:
-            await es.resend(app.id, uuid.uuid4().hex, [row.id for row in run.rows])
+            ids = [row.id for row in run.rows]
+            run.sent = await es.resend(app.id, uuid.uuid4().hex, ids, again=start is not None)
         return run
     finally:
         await es.close()

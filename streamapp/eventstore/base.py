@@ -250,12 +250,15 @@ class EventStoreBackend(EventStore, Protocol):
         """Every record parked to ``destination``, in park order."""
         ...
 
-    async def resend(self, app_id: str, run: str, parked_ids: Sequence[int]) -> int:
+    async def resend(
+        self, app_id: str, run: str, parked_ids: Sequence[int], *, again: bool = False
+    ) -> int:
         """Send parked rows back to the agents of ``app_id`` that parked them
         (``streamapp store parked replay``): append them to the resend log
         (``streamapp_resent``) in one transaction, in order, numbered above every entry
-        already there. ``run`` names the run: the same run appended again (a commit
-        whose reply was lost) adds nothing. Returns the count appended."""
+        already there. Rows the log holds already are left out unless ``again`` (so two
+        runs at once send a row once); ``run`` names the run: the same run appended
+        again (a commit whose reply was lost) adds nothing. Returns the count appended."""
         ...
 
     async def resent(self, app_id: str, after: int, limit: int) -> list[Resent]:

@@ -325,21 +325,24 @@ class PostgresEventStore:
         # publish whose confirm was lost), never dropped.
         await self.session.run(park, "a park")
 
-    async def resend(self, app_id: str, run: str, parked_ids: Sequence[int]) -> int:
+    async def resend(
+        self, app_id: str, run: str, parked_ids: Sequence[int], *, again: bool = False
+    ) -> int:
         async def resend(conn: Connection) -> int:
             # The table lock orders the runs: a reader following the log by id never
-            # skips an entry that a slower run commits later (ids are taken under it).
+            # skips an entry that a slower run commits later (ids are taken under it),
+            # and a row another run sent meanwhile is seen (left out unless ``again``).
             async with conn.transaction(), conn.cursor() as cur:
                 await cur.execute("LOCK TABLE streamapp_resent IN EXCLUSIVE MODE")
-                added = 0
-                for parked_id in parked_ids:
-                    await cur.execute(
-                        "INSERT INTO streamapp_resent (app_id, run, parked_id) "
-                        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                        (app_id, run, parked_id),
-                    )
-                    added += cur.rowcount
-                return added
+                await cur.execute(
+                    "INSERT INTO streamapp_resent (app_id, run, parked_id) "
+                    "SELECT %(app)s, %(run)s, i FROM unnest(%(ids)s::bigint[]) "
+                    "WITH ORDINALITY AS t(i, n) WHERE %(again)s OR NOT EXISTS (SELECT 1 "
+                    "FROM streamapp_resent r WHERE r.app_id = %(app)s AND r.parked_id = t.i) "
+                    "ORDER BY n ON CONFLICT DO NOTHING",
+                    {"app": app_id, "run": run, "ids": list(parked_ids), "again": again},
+                )
+                return max(cur.rowcount, 0)
 
         # Run again after a lost connection: the run's name makes it once.
         return await self.session.run(resend, "sending parked rows back")
@@ -355,20 +358,7 @@ class PostgresEventStore:
             return await cur.fetchall()
 
         rows = await self.session.run(read, "reading the resend log")
-        return [
-            Resent(
-                r,
-                ParkedRecord(
-                    i,
-                    d,
-                    None if k is None else bytes(k),
-                    None if v is None else bytes(v),
-                    decode_headers(h),
-                    at.astimezone(UTC),
-                ),
-            )
-            for r, i, d, k, v, h, at in rows
-        ]
+        return [Resent(row[0], _parked_record(row[1:])) for row in rows]
 
     async def resent_through(self, app_id: str, destination: str) -> int:
         async def read(conn: Connection) -> Any:
@@ -413,17 +403,7 @@ class PostgresEventStore:
             return await cur.fetchall()
 
         rows = await self.session.run(parked, "reading parked records")
-        return [
-            ParkedRecord(
-                i,
-                d,
-                None if k is None else bytes(k),
-                None if v is None else bytes(v),
-                decode_headers(h),
-                at.astimezone(UTC),
-            )
-            for i, d, k, v, h, at in rows
-        ]
+        return [_parked_record(row) for row in rows]
 
     def forwarder_state(self, name: str) -> PostgresForwarderState:
         """The lock (a session advisory lock) and checkpoint of forwarder ``name``."""
@@ -497,3 +477,16 @@ async def _landed(conn: Connection, sent: _Sent) -> BatchResult | None:
     )
     row = await cur.fetchone()
     return None if row is None else sent.result
+
+
+def _parked_record(row: Sequence[Any]) -> ParkedRecord:
+    """A ``streamapp_parked`` row (id, destination, key, value, headers, parked_at)."""
+    i, d, k, v, h, at = row
+    return ParkedRecord(
+        i,
+        d,
+        None if k is None else bytes(k),
+        None if v is None else bytes(v),
+        decode_headers(h),
+        at.astimezone(UTC),
+    )

@@ -275,19 +275,22 @@ class SqliteEventStore:
 
         return await self._run(read)
 
-    async def resend(self, app_id: str, run: str, parked_ids: Sequence[int]) -> int:
+    async def resend(
+        self, app_id: str, run: str, parked_ids: Sequence[int], *, again: bool = False
+    ) -> int:
         now = time.time()
+        sql = (
+            "INSERT OR IGNORE INTO streamapp_resent (app_id, run, parked_id, sent_at) "
+            "SELECT ?, ?, ?, ? WHERE ? OR NOT EXISTS (SELECT 1 FROM streamapp_resent "
+            "WHERE app_id = ? AND parked_id = ?)"
+        )
 
         def resend() -> int:
             conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")  # one writer: entries numbered in commit order
+            conn.execute("BEGIN IMMEDIATE")  # one writer: numbered in commit order
             try:
                 before = conn.total_changes
-                conn.executemany(
-                    "INSERT OR IGNORE INTO streamapp_resent (app_id, run, parked_id, sent_at) "
-                    "VALUES (?, ?, ?, ?)",
-                    [(app_id, run, i, now) for i in parked_ids],
-                )
+                conn.executemany(sql, [(app_id, run, i, now, again, app_id, i) for i in parked_ids])
                 added = conn.total_changes - before
                 conn.execute("COMMIT")
                 return added

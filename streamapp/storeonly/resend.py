@@ -1,27 +1,31 @@
 """The embedded worker's follower of the resend log: parked rows that ``streamapp store
 parked replay`` sent back reach the lane that parked them (:mod:`streamapp.engine.resend`).
 
-The log is read every :data:`POLL_S` seconds from the lowest mark of the lanes that
-park; each entry goes to the task of its partition (its stream id's, by the one
-partitioner, so a changed partition count still finds it). An entry whose agent or topic
-is no longer in the app is skipped with a warning (the CLI refuses to send such rows).
-Marks of lanes without tables live in the store's ledger under :data:`MARK_PREFIX`,
-written after the lane applied: at least once, like every delivery to such an agent.
+The log is read every :data:`POLL_S` seconds, to its end, from the lowest entry some
+lane that parks has not settled; each entry goes to the task of its partition (its
+stream id's, by the one partitioner, so a changed partition count still finds it). An
+entry whose agent or topic is no longer in the app is skipped with a warning (the CLI
+refuses to send such rows). Marks of lanes without tables live in the store's ledger
+under :data:`MARK_PREFIX`, written after the lane ran the entries: at least once, like
+every delivery to such an agent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Iterable
 
 import orjson
 
 from ..app import App
 from ..engine.assignment import Assignment
-from ..engine.resend import ResentDelivery, apply_resent, mark_of
+from ..engine.resend import Applied, ResendState, ResentDelivery, apply_resent, mark_of
 from ..engine.task import PartitionTask
 from ..eventstore.base import EventStoreBackend, Resent
+from ..logs import Gate
 from ..outcomes import parking
 from ..partitioner import partition_for
 from ..records import DeliveryRecord
@@ -33,8 +37,11 @@ POLL_S = 1.0
 """How often the resend log is read again (a replay run is applied within about this)."""
 LIMIT = 500
 """Entries read at once."""
+PAGES = 40
+"""Reads of :data:`LIMIT` entries at most per step (the rest at the next)."""
 MARK_PREFIX = "streamapp.resent/"
 """Ledger keys of the marks of lanes without tables (``{prefix}{agent}/{partition}``)."""
+_WARNINGS = Gate(window_s=60.0)
 
 
 class ResendFollower:
@@ -42,10 +49,13 @@ class ResendFollower:
 
     def __init__(self, app: App, store: EventStoreBackend, assignment: Assignment) -> None:
         self.app, self.store, self.assignment = app, store, assignment
-        self.marks: dict[str, dict[str, int]] = {}
-        """Marks of lanes without tables, by task name, then agent."""
+        self.states: dict[str, ResendState] = {}
+        """Per task name: marks of lanes without tables, attempts of stuck entries."""
+        self._persisted: dict[tuple[str, str], int] = {}
         self._after: int | None = None
-        self._warned: set[int] = set()
+        self._not_before: dict[str, float] = {}
+        self._stopping = asyncio.Event()
+        self._step: asyncio.Future[bool] | None = None
 
     @staticmethod
     def needed(app: App) -> bool:
@@ -53,50 +63,80 @@ class ResendFollower:
         return any(parking(agent.on_failure) is not None for agent in app.agents.values())
 
     async def run(self) -> None:
-        """Follow the log until cancelled; a failed read or apply is tried again."""
-        while True:
+        """Follow the log until :meth:`stop`; a failed read or apply is tried again."""
+        while not self._stopping.is_set():
+            self._step = asyncio.ensure_future(self.step())
             try:
-                more = await self.step()
+                more = await asyncio.shield(self._step)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("parked rows sent back: %r; trying again in %.0fs", exc, POLL_S)
+                if _WARNINGS.due("step"):
+                    log.warning(
+                        "parked rows sent back (streamapp store parked replay) wait: %r; "
+                        "trying again every %.0fs (this warning: once a minute)",
+                        exc,
+                        POLL_S,
+                    )
                 more = False
             if not more:
-                await asyncio.sleep(POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), POLL_S)
+
+    async def stop(self) -> None:
+        """Stop between entries: the step in hand finishes (its work commits)."""
+        self._stopping.set()
+        step = self._step
+        if step is not None and not step.done():
+            await asyncio.gather(step, return_exceptions=True)
 
     async def step(self) -> bool:
-        """One read of the log and its entries applied; True when more may wait."""
-        tasks = [t for t in self.assignment.tasks.values() if self._parks(t)]
+        """Read the log to its end (at most :data:`PAGES` reads) and apply what came;
+        True when more may wait at once."""
+        tasks = [t for t in self.assignment.tasks.values() if _parks(t)]
         if not tasks:
             return False
         if self._after is None:
             await self._load_marks(tasks)
-        after = self._lowest(tasks) if self._after is None else self._after
-        entries = await self.store.resent(self.app.id, after, LIMIT)
-        if not entries:
-            self._after = after
-            return False
-        complete = True
-        for task, mine in self._by_task(entries, tasks).items():
-            marks = self.marks.setdefault(task.name, {})
-            before = dict(marks)
-            if not await apply_resent(task, mine, marks):
-                complete = False
-            for agent, mark in marks.items():
-                if before.get(agent) != mark:
-                    key = f"{MARK_PREFIX}{agent}/{task.partition}"
-                    await self.store.put_ledger_record(self.app.id, key, orjson.dumps(mark))
-        if complete:
-            self._after = entries[-1].id
-        return complete and len(entries) == LIMIT
+            self._after = self._lowest(tasks)
+        after, unsettled, more = self._after, None, False
+        for _ in range(PAGES):
+            if self._stopping.is_set():
+                return False
+            entries = await self.store.resent(self.app.id, after, LIMIT)
+            for task, mine in self._by_task(entries, tasks).items():
+                applied = await self._apply(task, mine)
+                if applied is not Applied.DONE:
+                    more = more or applied is Applied.MORE
+                    low = mine[0].id - 1
+                    unsettled = low if unsettled is None else min(unsettled, low)
+            if entries:
+                after = entries[-1].id
+            if len(entries) < LIMIT:
+                break
+        else:
+            more = True  # a long log: the rest at the next step
+        self._after = after if unsettled is None else unsettled
+        return more
 
-    def _parks(self, task: PartitionTask) -> bool:
-        return any(parking(lane.agent.on_failure) is not None for lane in task.lanes)
+    async def _apply(self, task: PartitionTask, mine: list[ResentDelivery]) -> Applied:
+        if time.monotonic() < self._not_before.get(task.name, 0.0):
+            return Applied.WAIT
+        state = self.states.setdefault(task.name, ResendState({}, {}))
+        applied = await apply_resent(task, mine, state)
+        failing = [a.pause_s() for a in state.attempts.values() if a.failed]
+        if failing:  # Redeliver's back-off, as for a live delivery
+            self._not_before[task.name] = time.monotonic() + max(failing)
+        for agent, mark in state.marks.items():
+            if self._persisted.get((task.name, agent)) != mark:
+                key = f"{MARK_PREFIX}{agent}/{task.partition}"
+                await self.store.put_ledger_record(self.app.id, key, orjson.dumps(mark))
+                self._persisted[(task.name, agent)] = mark
+        return applied
 
     def _lowest(self, tasks: Iterable[PartitionTask]) -> int:
         marks = [
-            mark_of(lane, self.marks.get(task.name, {}))
+            mark_of(lane, self.states.get(task.name, ResendState({}, {})).marks)
             for task in tasks
             for lane in task.lanes
             if parking(lane.agent.on_failure) is not None
@@ -109,7 +149,10 @@ class ResendFollower:
             for lane in task.lanes:
                 raw = by_key.get(f"{MARK_PREFIX}{lane.name}/{task.partition}")
                 if not lane.agent.tables and raw is not None:
-                    self.marks.setdefault(task.name, {})[lane.name] = int(orjson.loads(raw))
+                    state = self.states.setdefault(task.name, ResendState({}, {}))
+                    state.marks[lane.name] = self._persisted[(task.name, lane.name)] = int(
+                        orjson.loads(raw)
+                    )
 
     def _by_task(
         self, entries: list[Resent], tasks: list[PartitionTask]
@@ -120,11 +163,15 @@ class ResendFollower:
             parked = entry.parked
             source, agent = parked_source(parked.headers), parked.header(PARK_AGENT)
             topic = self.app.sources.get(source[0]) if source is not None else None
-            if source is None or agent is None or topic is None or parked.key is None:
-                self._skip(entry, "its origin is not a topic of the app")
+            if source is None or agent is None or parked.key is None:
+                _skip(entry, "it has no streamapp-source, streamapp-agent or key")
+                continue
+            if topic is None:
+                _skip(entry, f"its origin topic {source[0]!r} is not a topic of the app")
                 continue
             task = by_place.get((topic.name, partition_for(parked.key, topic.partitions)))
-            if task is None:
+            if task is None or agent.decode() not in {lane.name for lane in task.lanes}:
+                _skip(entry, f"no agent {agent.decode()!r} of topic {topic.name} parks here")
                 continue
             delivery = DeliveryRecord(
                 topic.name,
@@ -137,12 +184,16 @@ class ResendFollower:
             out.setdefault(task, []).append(ResentDelivery(entry.id, agent.decode(), delivery))
         return out
 
-    def _skip(self, entry: Resent, why: str) -> None:
-        if entry.id not in self._warned:
-            self._warned.add(entry.id)
-            log.warning(
-                "parked row %d of %s sent back is skipped: %s",
-                entry.parked.id,
-                entry.parked.destination,
-                why,
-            )
+
+def _parks(task: PartitionTask) -> bool:
+    return any(parking(lane.agent.on_failure) is not None for lane in task.lanes)
+
+
+def _skip(entry: Resent, why: str) -> None:
+    if _WARNINGS.due(("skip", entry.id)):
+        log.warning(
+            "parked row %d of %s sent back is skipped: %s",
+            entry.parked.id,
+            entry.parked.destination,
+            why,
+        )

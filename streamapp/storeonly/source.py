@@ -150,7 +150,7 @@ class StoreSource:
         self._failed: BaseException | None = None
         self._fatal = asyncio.Event()
         self._lock_watch: asyncio.Task[None] | None = None
-        self._resends: asyncio.Task[None] | None = None
+        self._resends: tuple[ResendFollower, asyncio.Task[None]] | None = None
 
     async def start(self) -> None:
         await self._lock.__aenter__()  # raises when another worker holds it
@@ -165,7 +165,8 @@ class StoreSource:
         self.assignment.rebalancing = False
         if ResendFollower.needed(self.app):  # parked rows sent back (store parked replay)
             follower = ResendFollower(self.app, self.feed.store, self.assignment)
-            self._resends = asyncio.create_task(follower.run(), name="parked rows sent back")
+            runs = asyncio.create_task(follower.run(), name="parked rows sent back")
+            self._resends = follower, runs
 
     def _task(self, topic: str, p: int) -> PartitionTask:
         settings, app = self.settings, self.app
@@ -180,9 +181,11 @@ class StoreSource:
         return task
 
     async def stop(self) -> None:
-        if self._resends is not None:
-            self._resends.cancel()
-            await asyncio.gather(self._resends, return_exceptions=True)
+        if self._resends is not None:  # between entries: the one in hand commits
+            follower, runs = self._resends
+            await follower.stop()
+            runs.cancel()
+            await asyncio.gather(runs, return_exceptions=True)
         tasks = list(self.assignment.tasks.values())
         self.assignment.tasks.clear()
         for task in tasks:

@@ -235,15 +235,22 @@ def test_parked_replay_sends_rows_back_once_per_run_and_keeps_a_mark(
     asyncio.run(park(("project_order_status", b"orders/0/7")))
     stopped = run(env, "parked", "replay")
     assert stopped.exit_code == 1
-    assert "sent 1 parked rows back" in stopped.stdout
+    assert "sent 1 parked row back" in stopped.stdout
     assert "parked row 4 of orders.parked cannot go back: it names agent 'gone'" in stopped.output
     assert "--from 5 skips it" in stopped.output
     assert asyncio.run(log()) == [1, 2, 3]
     rest = run(env, "parked", "replay", "--from", "5")
-    assert "sent 1 parked rows back" in rest.stdout
+    assert "sent 1 parked row back" in rest.stdout
     everything = run(env, "parked", "replay", "--from", "1", "--until", "3")
     assert "sent 2 parked rows back" in everything.stdout
     assert asyncio.run(log()) == [1, 2, 3, 5, 1, 2]
+    before = CliRunner().invoke(main, ["store", "parked", "-A", APP, "replay"], env=env)
+    assert "sent 0 parked rows back" in before.stdout, before.output  # -A before replay too
+    misplaced = CliRunner().invoke(
+        main, ["store", "parked", "--destination", PARKING, "replay", "-A", APP], env=env
+    )
+    assert misplaced.exit_code == 2
+    assert "give --destination after `replay`" in misplaced.output
 
 
 def test_parked_replay_on_a_broker_points_to_the_broker_command(env: dict[str, str]) -> None:
@@ -256,17 +263,19 @@ def test_a_run_sent_again_adds_nothing(tmp_path: Path) -> None:
     """A run's rows appended twice (a commit whose reply was lost, retried) are sent once."""
     import asyncio
 
-    async def main_() -> tuple[int, int, list[int], int]:
+    async def main_() -> tuple[int, int, int, int, list[int], int]:
         es = await SqliteEventStore.open(f"sqlite:///{tmp_path}/e.db")
         try:
             for _ in range(3):
                 await es.park("p", b"v", headers=[("streamapp-source", b"t/0/1")])
             first = await es.resend("a", "run-1", [1, 3])
-            twice = await es.resend("a", "run-1", [1, 3])
-            await es.resend("b", "run-2", [2])
+            twice = await es.resend("a", "run-1", [1, 3], again=True)
+            other = await es.resend("a", "run-2", [3, 2])  # another run at once: 2 only
+            await es.resend("b", "run-3", [2])
+            again = await es.resend("a", "run-4", [1], again=True)  # --from: sent again
             entries = [e.parked.id for e in await es.resent("a", 0, 10)]
-            return first, twice, entries, await es.resent_through("a", "p")
+            return first, twice, other, again, entries, await es.resent_through("a", "p")
         finally:
             await es.close()
 
-    assert asyncio.run(main_()) == (2, 0, [1, 3], 3)
+    assert asyncio.run(main_()) == (2, 0, 1, 1, [1, 3, 2, 1], 3)
