@@ -25,7 +25,8 @@ from .harness import (
     wait_statuses,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# serial: it takes a shared service down, freezes a process or skews a clock (run alone)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 
 
 def behind(status: dict[str, Any]) -> int:

@@ -40,7 +40,8 @@ from .harness import (
     wait_group_ready,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# serial: it takes a shared service down, freezes a process or skews a clock (run alone)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 
 SKEW_S = 90
 SESSION_TIMEOUT_MS = 6000

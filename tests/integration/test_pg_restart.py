@@ -51,7 +51,8 @@ from .harness import (
 from .test_rabbitmq import rabbit_env, topics_create
 from .test_rabbitmq_group import _drained, _read_exact
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# serial: it takes a shared service down, freezes a process or skews a clock (run alone)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 DOWN_S = 3.0
 FWD_APP = "tests.apps.forward_app:app"
 

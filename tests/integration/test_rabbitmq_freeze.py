@@ -20,7 +20,8 @@ from .harness import StreamappProc, WorkerProc, append_to_store, order_events, w
 from .test_rabbitmq import rabbit_env, topics_create
 from .test_rabbitmq_group import _drained, _read_exact
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# serial: it takes a shared service down, freezes a process or skews a clock (run alone)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 
 HEARTBEAT_MS = 300
 SESSION_TIMEOUT_MS = 2000

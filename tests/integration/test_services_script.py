@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # its own services: run alone
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "services"
