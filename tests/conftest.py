@@ -51,6 +51,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``scripts/test``: ``--dist loadgroup``) a file's tests run in
+    one process, in order, and the files marked ``heavy`` (several workers under a large
+    load each) one after another in one process, beside the others, never two at once."""
+    for item in items:
+        heavy = item.get_closest_marker("heavy") is not None
+        item.add_marker(pytest.mark.xdist_group("heavy" if heavy else str(item.path)))
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves non-daemon threads running after it, or (async tests)

@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from .harness import StreamappProc, WorkerProc
 from .versions_world import APP, Deployment, deploy_v2_and_retire_v1
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 
 def _deployment(bootstrap: str, tmp_path: Path, n_workers: int = 3) -> tuple[Deployment, str]:

@@ -16,7 +16,7 @@ from tests.conftest import Services
 from .harness import StreamappProc, WorkerProc
 from .versions_world import APP, Deployment, deploy_v2_and_retire_v1
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 
 def _deployment(amqp: str, tmp_path: Path, n_workers: int = 3) -> Deployment:
