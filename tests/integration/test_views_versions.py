@@ -6,6 +6,7 @@ once the old worker is gone and v2 is live on every partition, the switch."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,16 @@ async def test_no_switch_while_old_code_owns_partitions_then_the_switch(
             # moved ones build from the store (v1's restore); then v2 is live on all
             assert old.stop() == 0
             await wait_group_ready([new], 4)
+            # ready is not switched: while v2 builds the moved partitions, views answer
+            # exact v1 (the model); v2 once GET /tables says it is active
+            deadline = time.monotonic() + 60
+            while (await _tables(http, new))[2]["state"] != "active":
+                for key in keys[:5]:
+                    body, headers = await _settled(http, new, key)
+                    by = {"1": 1, "2": 2}[headers[HEADER]]
+                    assert body == {"status": expected[key], "by": by}, key
+                assert time.monotonic() < deadline, "v2 not active within 60s"
+                await asyncio.sleep(0.2)
             for key in keys:
                 body, headers = await _settled(http, new, key)
                 assert (body, headers[HEADER]) == ({"status": expected[key], "by": 2}, "2"), key

@@ -155,6 +155,10 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
             await task
 
 
+ROUND_PAUSE_S = 0.3
+"""The reader's pause between two rounds of every key of every worker."""
+
+
 @dataclass
 class Reader:
     """Asks every key of every worker until stopped; see the module's docstring."""
@@ -246,6 +250,10 @@ class Reader:
 
                 await asyncio.gather(*(one(k) for k in keys))
                 self.rounds += 1
+                # a breath between rounds: every key is still asked of every worker every
+                # second or two, and the machine keeps a core for the workers under test
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), ROUND_PAUSE_S)
 
     async def _ask(
         self, http: aiohttp.ClientSession, i: int, key: str, pin: int | None = None
