@@ -8,16 +8,23 @@ in their exactly-once modes too (``--rival-guarantee`` to change). faust-streami
 two orders of magnitude slower, so it reads only the first ``--faust-events`` events.
 
     scripts/bench            # or: .venv/bin/python bench/orders_projection.py --events 100000
+
+``--one streamapp`` is what bench/harness.py runs per streamapp round (one JSON line: the
+rate, the CPU time over the timed span, the per-partition commit cycle); ``--fetch``
+overrides the live consumer's fetch settings in that process (to try values before they
+become streamapp's defaults). ``--explore-fetch`` tries a few fetch settings once each on
+the raw consumer and on streamapp, both payloads (a quick exploration, not a figure).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
+import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,12 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import child  # noqa: E402  (bench/: one contender run in a child process, with its CPU)
+import raw_consumer  # noqa: E402
 from rivals import check  # noqa: E402  (bench/: the one per-order check of every contender)
 
 from agents.orders import project_order_status  # noqa: E402
@@ -45,7 +55,29 @@ from tables.orders import order_status  # noqa: E402
 PARTITIONS = 8
 
 
-async def produce(bootstrap: str, topic: str, n_events: int, n_orders: int) -> None:
+PAYLOADS = ("standard", "1kb")
+"""Event data: ``standard`` {order, amount, currency} (51 bytes of JSON; with the key and
+the ``ce_*`` headers about 240 bytes a record), ``1kb`` the same plus 13 order lines
+(about 980 bytes of JSON, 1.2 KB a record)."""
+
+
+def order_data(oid: str, i: int, payload: str) -> dict[str, Any]:
+    """The data of the producer's ``i``-th event, for order ``oid``."""
+    data: dict[str, Any] = {"order": oid, "amount": i % 997, "currency": "EUR"}
+    if payload == "1kb":
+        data["lines"] = [
+            {"sku": f"SKU-{(i + j) % 999_999:06d}", "name": f"item {j} of the order",
+             "qty": 1 + j % 3, "price": 100 * j + 99}
+            for j in range(13)
+        ]  # fmt: skip
+    elif payload != "standard":
+        raise ValueError(f"unknown payload {payload!r}; choose from {PAYLOADS}")
+    return data
+
+
+async def produce(
+    bootstrap: str, topic: str, n_events: int, n_orders: int, payload: str = "standard"
+) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -65,39 +97,13 @@ async def produce(bootstrap: str, topic: str, n_events: int, n_orders: int) -> N
                 f"order.{kinds[(i // n_orders) % 4]}",
                 stream_id=oid,
                 source="bench",
-                data={"order": oid, "amount": i % 997, "currency": "EUR"},
+                data=order_data(oid, i, payload),
             )
             key, value, headers = codec.encode(event)
             futures.append(await producer.send(topic, value, key=key, headers=headers))
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
-
-
-async def raw_aiokafka(bootstrap: str, topic: str, n_events: int) -> float:
-    """events/s of a plain consumer that decodes nothing: the ceiling of the client."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"raw-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        seen, first, started, asked = 0, 0, 0.0, 0.0
-        while seen < n_events:
-            asked = time.perf_counter()
-            batch = await consumer.getmany(timeout_ms=500)
-            n = sum(len(recs) for recs in batch.values())
-            if n and not seen:
-                started, first = time.perf_counter(), n  # count from the first fetch on
-            seen += n
-        if seen == first:  # a small topic, read in one fetch: time that fetch
-            return seen / (time.perf_counter() - asked)
-        return (seen - first) / (time.perf_counter() - started)
-    finally:
-        await consumer.stop()
 
 
 class Order(msgspec.Struct):
@@ -156,13 +162,37 @@ async def project_typed(event: Event[Order], statuses: TableView[Any]) -> None:
     }
 
 
+def cpu_now() -> float:
+    """This process's user + system CPU time so far (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def apply_fetch(fetch: dict[str, int]) -> None:
+    """Give streamapp's live-source consumer these aiokafka fetch settings, in this process
+    only (``max_records`` becomes ``max_poll_records``, which bounds its ``getmany``)."""
+    if not fetch:
+        return
+    import streamapp.kafka.source as source
+
+    base = source.AIOKafkaConsumer
+    given = {("max_poll_records" if k == "max_records" else k): v for k, v in fetch.items()}
+
+    def consumer(*args: Any, **kwargs: Any) -> Any:
+        return base(*args, **{**kwargs, **given})
+
+    source.AIOKafkaConsumer = consumer  # type: ignore[misc,assignment]
+
+
 async def streamapp_worker(
     bootstrap: str, topic: str, n_events: int, n_orders: int, data_dir: str, kind: str
-) -> float:
+) -> dict[str, Any]:
     """events/s of the reference projection (order_status) in one worker, with its
     transactional changelog, RocksDB writes and offset commits; ``kind``
     ``streamapp-dict`` and ``streamapp-typed`` also read each event's data (dicts, or
-    msgspec models)."""
+    msgspec models). Also the CPU time over the timed span and the commit cycle: the
+    median time between two commits of one partition (each settles a batch and makes
+    its state visible), polled every 10 ms."""
     app = App(
         f"bench-{uuid.uuid4().hex[:8]}", kafka_bootstrap=bootstrap, data_dir=data_dir, web_port=0
     )
@@ -182,22 +212,67 @@ async def streamapp_worker(
     await create_topics(app, settings)
     worker = Worker(app, settings)
     await worker.start()
+    ready, cpu_ready = time.perf_counter(), cpu_now()
     try:
-        started, base = None, 0
+        started, base, cpu0 = None, 0, 0.0
+        last: dict[Any, tuple[int, float]] = {}  # task -> (processed, when it last moved)
+        gaps: list[float] = []
         while True:
             assert worker.source is not None
-            done = sum(t.counts.processed for t in worker.source.assignment.tasks.values())
+            now, done = time.perf_counter(), 0
+            for key, task in worker.source.assignment.tasks.items():
+                processed = task.counts.processed
+                done += processed
+                seen = last.get(key)
+                if seen is not None and processed != seen[0]:
+                    gaps.append(now - seen[1])
+                if processed and (seen is None or processed != seen[0]):
+                    last[key] = (processed, now)
             if started is None and done:
-                started, base = time.perf_counter(), done
+                started, base, cpu0 = now, done, cpu_now()
             if done >= n_events:
                 break
             await asyncio.sleep(0.01)
         assert started is not None
-        rate = (done - base) / (time.perf_counter() - started)
+        if done == base:  # a small topic, settled by the first commits seen: time from start
+            started, base, cpu0 = ready, 0, cpu_ready
+        span, span_cpu = time.perf_counter() - started, cpu_now() - cpu0
+        figures = commit_figures(worker)
         await check_committed(worker, n_events, n_orders)
-        return rate
+        return {
+            "rate": round((done - base) / span, 1),
+            "timed_from": "the first commit" if base else "the worker's start",
+            "exact": True,
+            "span_cpu_s": round(span_cpu, 4),
+            "span_events": done - base,
+            # each partition committed once (a small topic): the span bounds the cycle
+            "commit_cycle_s": round(statistics.median(gaps) if gaps else span, 3),
+            "commit_cycle_from": f"{len(gaps)} gaps" if gaps else "the timed span",
+            **figures,
+        }
     finally:
         await worker.stop()
+
+
+def commit_figures(worker: Worker) -> dict[str, Any]:
+    """Commits, mean batch size and mean commit time, from the worker's own metrics."""
+    registry = worker.metrics.registry
+    labels = {"agent": "project"}
+
+    def sample(name: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    commits = sample("streamapp_commit_duration_seconds_count")
+    batches = sample("streamapp_batch_size_count")
+    return {
+        "commits": int(commits),
+        "mean_batch": round(sample("streamapp_batch_size_sum") / batches, 1) if batches else None,
+        "mean_commit_ms": (
+            round(1000 * sample("streamapp_commit_duration_seconds_sum") / commits, 2)
+            if commits
+            else None
+        ),
+    }
 
 
 def committed_state(worker: Worker) -> dict[str, Any]:
@@ -227,15 +302,39 @@ async def check_committed(
         await asyncio.sleep(0.2)
 
 
-async def one(kind: str, bootstrap: str, topic: str, n_events: int, n_orders: int) -> None:
-    """Run raw aiokafka or streamapp once over ``topic`` and print {"rate": ev/s}: the
-    harness runs every contender so, each in a fresh process."""
+async def one(
+    kind: str, bootstrap: str, topic: str, n_events: int, n_orders: int, fetch: dict[str, int]
+) -> None:
+    """Run streamapp (or raw aiokafka) once over ``topic`` and print one JSON line: the
+    harness runs every contender so, each in a fresh process (bench/child.py)."""
     if kind == "raw":
-        rate = await raw_aiokafka(bootstrap, topic, n_events)
+        out = await raw_consumer.consume(bootstrap, topic, n_events, fetch)
     else:
+        apply_fetch(fetch)
         with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
-            rate = await streamapp_worker(bootstrap, topic, n_events, n_orders, data_dir, kind)
-    print(json.dumps({"rate": round(rate, 1), "exact": True}), flush=True)
+            out = await streamapp_worker(bootstrap, topic, n_events, n_orders, data_dir, kind)
+        out["fetch"] = fetch
+    print(json.dumps(out), flush=True)
+
+
+def ours(
+    kind: str,
+    bootstrap: str,
+    topic: str,
+    events: int,
+    orders: int,
+    fetch: str = "default",
+    timeout_s: float = 300,
+) -> child.RunResult:
+    """One run of raw aiokafka (bench/raw_consumer.py) or streamapp (``--one``), in a child
+    process; streamapp's final state checked per order, as every rival's."""
+    if kind == "raw":
+        cmd = [sys.executable, str(ROOT / "bench" / "raw_consumer.py"), "--fetch", fetch]
+    else:
+        cmd = [sys.executable, str(ROOT / "bench" / "orders_projection.py"), "--one", kind]
+        cmd += ["--orders", str(orders), "--fetch", fetch]
+    cmd += ["--bootstrap", bootstrap, "--topic", topic, "--events", str(events)]
+    return child.contender(cmd, timeout_s, events)
 
 
 def rival(
@@ -247,10 +346,10 @@ def rival(
     flags: Sequence[str] = (),
     timeout_s: float = 900,
     topic_events: int | None = None,
-) -> tuple[float | None, str | None]:
-    """(events/s, warning) of one rival, run by bench/rivals.py in its own process, over
-    the first ``events`` of the topic's ``topic_events``; ``flags`` are rivals.py's
-    (``--exactly-once``, ``--recovery``)."""
+) -> child.RunResult:
+    """One rival, run by bench/rivals.py in its own process, over the first ``events`` of
+    the topic's ``topic_events``; ``flags`` are rivals.py's (``--exactly-once``,
+    ``--recovery``, ``--commit-interval S``)."""
     cmd = [
         sys.executable,
         str(ROOT / "bench" / "rivals.py"),
@@ -267,23 +366,47 @@ def rival(
         str(topic_events or events),
         *flags,
     ]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout_s:.0f} s"
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return None, f"failed: {tail} (is the bench extra installed? pip install -e .[bench])"
-    result = json.loads(lines[-1])
-    warning = None if result.get("exact") else f"final state not exact: {result.get('note')}"
-    return float(result["rate"]), warning
+    hint = " (is the bench extra installed? pip install -e .[bench])"
+    return child.contender(cmd, timeout_s, events, hint)
+
+
+async def explore_fetch(bootstrap: str, events: int) -> None:
+    """A few fetch settings, once each, on the raw consumer and on streamapp, over a fresh
+    topic of each payload (1,000 orders): which raise the rate. One run each: a hint."""
+    mib = raw_consumer.MiB
+    raws = [
+        "default",
+        "max_records=10000",
+        f"max_partition_fetch_bytes={4 * mib}",
+        f"max_records=10000,max_partition_fetch_bytes={4 * mib},fetch_max_bytes={64 * mib}",
+        f"max_records=10000,max_partition_fetch_bytes={8 * mib},fetch_max_bytes={64 * mib}",
+        f"max_records=50000,max_partition_fetch_bytes={16 * mib},fetch_max_bytes={128 * mib}",
+    ]
+    mine = ["default", f"max_records=2000,max_partition_fetch_bytes={4 * mib}", "tuned"]
+    print(f"load average before: {os.getloadavg()}")
+    for payload in PAYLOADS:
+        topic = f"bench-fetch-{payload}-{uuid.uuid4().hex[:8]}"
+        print(f"producing {events:,} {payload} events to {topic}", flush=True)
+        await produce(bootstrap, topic, events, 1_000, payload)
+        runs = [("raw", f) for f in raws] + [("streamapp", f) for f in mine]
+        for kind, fetch in runs:
+            r = await asyncio.to_thread(ours, kind, bootstrap, topic, events, 1_000, fetch)
+            shown = f"{r.rate:>10,.0f} ev/s" if r.rate is not None else f"n/a ({r.problem})"
+            cycle = r.extra.get("commit_cycle_s")
+            print(
+                f"{payload:<8} {kind:<9} {shown}  cpu {r.cpu_us_per_event} us/ev "
+                f"(span {r.span_cpu_us_per_event})  load {r.load_1m}  {fetch}"
+                + (f"  commit cycle {cycle} s, batch {r.extra.get('mean_batch')}" if cycle else ""),
+                flush=True,
+            )
+    print(f"load average after: {os.getloadavg()}")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--orders", type=int, default=1_000)
+    parser.add_argument("--payload", choices=PAYLOADS, default="standard")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rivals", default="quix,faust", help="comma list, or 'none'")
     parser.add_argument("--faust-events", type=int, default=20_000)
@@ -299,49 +422,76 @@ async def main() -> None:
         help="one run over --topic",
     )
     parser.add_argument("--topic", help="with --one: an existing topic of --events events")
+    parser.add_argument(
+        "--fetch", default="default", help="with --one: default, tuned or k=v,... (aiokafka's)"
+    )
+    parser.add_argument(
+        "--explore-fetch", action="store_true", help="try a few fetch settings once each"
+    )
     args = parser.parse_args()
     if args.one:
-        await one(args.one, args.bootstrap, args.topic, args.events, args.orders)
+        fetch = raw_consumer.parse_fetch(args.fetch)
+        await one(args.one, args.bootstrap, args.topic, args.events, args.orders, fetch)
+        return
+    if args.explore_fetch:
+        await explore_fetch(args.bootstrap, args.events)
         return
 
     topic = f"bench-orders-{uuid.uuid4().hex[:8]}"
     print(f"producing {args.events} order events over {args.orders} orders to {topic} ...")
-    await produce(args.bootstrap, topic, args.events, args.orders)
+    await produce(args.bootstrap, topic, args.events, args.orders, args.payload)
     rivals = [r for r in args.rivals.split(",") if r and r != "none"]
-    results: dict[str, list[float]] = {"raw aiokafka": [], "streamapp": []}
-    problems: dict[str, str] = {}
+    runs: dict[str, list[child.RunResult]] = {}
     for r in range(args.rounds):
-        results["raw aiokafka"].append(await raw_aiokafka(args.bootstrap, topic, args.events))
-        with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
-            results["streamapp"].append(
-                await streamapp_worker(args.bootstrap, topic, args.events, args.orders, data_dir)
+        for name, fetch in (("raw-default", "default"), ("raw-tuned", "tuned")):
+            run = await asyncio.to_thread(
+                ours, "raw", args.bootstrap, topic, args.events, args.orders, fetch
             )
+            runs.setdefault(name, []).append(run)
+        runs.setdefault("streamapp", []).append(
+            await asyncio.to_thread(
+                ours, "streamapp", args.bootstrap, topic, args.events, args.orders
+            )
+        )
         for name in rivals:
             n = min(args.events, args.faust_events) if name == "faust" else args.events
             flags = ["--exactly-once"] if args.rival_guarantee == "exactly-once" else []
-            rate, warning = rival(
-                name, args.bootstrap, topic, n, args.orders, flags, topic_events=args.events
+            runs.setdefault(name, []).append(
+                await asyncio.to_thread(
+                    rival, name, args.bootstrap, topic, n, args.orders, flags, 900, args.events
+                )
             )
-            if warning:
-                problems[name] = warning
-            if rate is not None:
-                results.setdefault(name, []).append(rate)
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.0f} ev/s" for k, v in results.items()))
-    medians = {k: statistics.median(v) for k, v in results.items() if v}
-    raw = medians["raw aiokafka"]
-    mine = medians["streamapp"]
-    print()
-    print(f"{'consumer':<14} {'median ev/s':>12} {'/ raw':>7} {'streamapp /':>12}   rounds")
-    for name, values in results.items():
-        med = medians[name]
         print(
-            f"{name:<14} {med:>12,.0f} {med / raw:>7.2f} {mine / med:>12.2f}   "
-            + " ".join(f"{v:,.0f}" for v in values)
+            f"round {r + 1}: "
+            + ", ".join(f"{k} {v[-1].rate or 0:,.0f} ev/s" for k, v in runs.items()),
+            flush=True,
         )
-    for name, why in problems.items():
-        print(f"{name:<14} warning: {why}")
-    ratio = mine / raw
-    print(f"ratio streamapp / raw aiokafka: {ratio:.2f}  (rivals: {args.rival_guarantee})")
+    medians = {
+        k: statistics.median(x.rate for x in v if x.rate is not None)
+        for k, v in runs.items()
+        if any(x.rate is not None for x in v)
+    }
+    cpus = {
+        k: statistics.median(c for x in v if (c := x.cpu_us_per_event) is not None)
+        for k, v in runs.items()
+        if any(x.cpu_us_per_event is not None for x in v)
+    }
+    ceiling, mine = medians.get("raw-tuned"), medians.get("streamapp")
+    print()
+    print(f"{'consumer':<12} {'median ev/s':>12} {'/ raw-tuned':>12} {'CPU us/ev':>10}   rounds")
+    for name, values in runs.items():
+        med = medians.get(name)
+        share = f"{med / ceiling:.2f}" if med and ceiling else "n/a"
+        print(
+            f"{name:<12} {med or 0:>12,.0f} {share:>12} {cpus.get(name, 0):>10.1f}   "
+            + " ".join(f"{v.rate or 0:,.0f}" for v in values)
+        )
+        for v in values:
+            if v.problem:
+                print(f"{name:<12} warning: {v.problem}")
+    if ceiling and mine:
+        print(f"streamapp / raw-tuned: {mine / ceiling:.2f}  (rivals: {args.rival_guarantee})")
+    print(f"load average now: {os.getloadavg()}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -350,11 +500,11 @@ async def main() -> None:
             {
                 "events": args.events,
                 "orders": args.orders,
-                "rounds": results,
+                "payload": args.payload,
+                "rounds": {k: [dataclasses.asdict(x) for x in v] for k, v in runs.items()},
                 "medians": medians,
-                "ratio": ratio,
+                "cpu_us_per_event": cpus,
                 "rival_guarantee": args.rival_guarantee,
-                "problems": problems,
             },
             indent=2,
         )

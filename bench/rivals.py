@@ -15,7 +15,9 @@ from a RocksDB-backed table with a changelog (the framework's default), and writ
 group / app id and reads the topic from the earliest offset. The rate is counted like
 bench/orders_projection.py: from the first processed event to the Nth, the first excluded.
 At the end, the final state is read back from the framework's store and checked: every
-order's version must equal its number of events (N // M, N a multiple of M).
+order's version must equal its number of events (N // M, N a multiple of M). The JSON line
+also gives the CPU time (user + system, all threads) over the timed span, ``span_cpu_s``;
+the harness takes the whole process's from ``os.wait4`` (bench/child.py).
 
 Both rivals run with their framework's default processing guarantee (at-least-once) unless
 ``--exactly-once`` is given; streamapp's projection always runs with a transactional
@@ -28,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import signal
 import sqlite3
 import sys
@@ -75,23 +78,34 @@ def check(
     return False, f"{len(got)}/{len(want)} orders in state; missing {missing}; wrong {wrong}"
 
 
+def cpu_now() -> float:
+    """This process's user + system CPU time so far (all its threads: librdkafka's too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Clock:
-    """Counts processed events; the rate excludes the first event, as the streamapp bench."""
+    """Counts processed events; the rate excludes the first event, as the streamapp bench,
+    and the CPU time over the same span is taken (``span_cpu_s``)."""
 
     def __init__(self, n_events: int) -> None:
         self.n_events = n_events
         self.seen = 0
         self.first = 0.0
         self.last = 0.0
+        self.cpu_first = 0.0
+        self.cpu_last = 0.0
 
     def tick(self) -> bool:
         """Count one event; True when the Nth has been processed."""
         self.seen += 1
         if self.seen == 1:
             self.first = time.perf_counter()
+            self.cpu_first = cpu_now()
         if self.seen >= self.n_events:
             if self.seen == self.n_events:
                 self.last = time.perf_counter()
+                self.cpu_last = cpu_now()
             return True
         return False
 
@@ -100,6 +114,15 @@ class Clock:
         if self.seen < 2 or self.last <= self.first:
             return 0.0
         return (self.n_events - 1) / (self.last - self.first)
+
+    def span(self) -> dict[str, Any]:
+        """The timed span's CPU time and events (the first excluded, as the rate)."""
+        if self.seen < self.n_events:
+            return {"span_cpu_s": None, "span_events": None}
+        return {
+            "span_cpu_s": round(self.cpu_last - self.cpu_first, 4),
+            "span_events": self.n_events - 1,
+        }
 
 
 # --------------------------------------------------------------------------- faust
@@ -178,6 +201,7 @@ def run_faust(args: argparse.Namespace) -> dict[str, Any]:
         "producer_linger_ms": app.conf.producer_linger * 1000,
         "wall_s": round(time.perf_counter() - started, 2),
         "note": f"final state read from the faust Table: {note}",
+        **clock.span(),
     }
 
 
@@ -222,6 +246,7 @@ def run_quix(args: argparse.Namespace) -> dict[str, Any]:
         state_dir=args.data_dir,
         loglevel="WARNING",
         processing_guarantee="exactly-once" if args.exactly_once else "at-least-once",
+        **({} if args.commit_interval is None else {"commit_interval": args.commit_interval}),
     )
     logging.getLogger("quixstreams").setLevel(logging.WARNING)
     topic = app.topic(args.topic, key_deserializer="str", value_deserializer="bytes")
@@ -261,8 +286,10 @@ def run_quix(args: argparse.Namespace) -> dict[str, Any]:
         "exact": exact,
         "store": "rocksdb",
         "guarantee": "exactly-once" if args.exactly_once else "at-least-once",
+        "commit_interval_s": app.config.commit_interval,
         "wall_s": round(wall, 2),
         "note": f"final state read back from Quix's RocksDB stores: {note}",
+        **clock.span(),
     }
 
 
@@ -349,6 +376,7 @@ def run_bytewax(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": round(wall, 2),
         "recovery_snapshot_rows": snapshots,
         "note": f"final state as emitted by stateful_map: {note}",
+        **clock.span(),
     }
 
 
@@ -375,6 +403,13 @@ def main() -> None:
         "--recovery",
         action="store_true",
         help="bytewax only: snapshot state to a SQLite recovery dir every second",
+    )
+    parser.add_argument(
+        "--commit-interval",
+        type=float,
+        default=None,
+        help="quix only: commit_interval in s (Quix's default is 5; the harness's "
+        "quix-equal-freshness passes streamapp's measured commit cycle)",
     )
     parser.add_argument(
         "--faust-linger-ms",

@@ -8,6 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -33,45 +34,45 @@ harness = bench_module("harness")
 rabbitmq = bench_module("rabbitmq")
 
 
-def test_summarise_gives_each_contender_its_median_and_both_ratios() -> None:
-    contenders = (
-        harness.RAW,
-        harness.STREAMAPP,
-        harness.Contender("Quix exactly-once", "quix", ("--exactly-once",)),
-        harness.Contender("faust exactly-once", "faust", ("--exactly-once",)),
-    )
-    rates = {
-        "raw aiokafka": [120.0, 80.0, 100.0],  # median 100 (not the mean of an odd count)
-        "streamapp": [50.0, 70.0, 60.0],  # 60
-        "Quix exactly-once": [30.0, 40.0, 35.0],  # 35
+def runs_of(rates: list[float], cpu_s: float = 0.0) -> list[Any]:
+    """Rounds of ``rates`` events/s, each of 1,000 events and ``cpu_s`` CPU seconds."""
+    return [harness.child.RunResult(rate=r, events=1000, cpu_s=cpu_s or None) for r in rates]
+
+
+def test_summarise_gives_each_contender_its_median_and_its_ratios_by_rate_and_cpu() -> None:
+    quix = harness.Contender("Quix exactly-once", "quix", ("--exactly-once",))
+    faust = harness.Contender("faust exactly-once", "faust", ("--exactly-once",))
+    contenders = (harness.RAW_TUNED, harness.STREAMAPP, quix, faust)
+    runs = {
+        "raw-tuned": runs_of([120.0, 80.0, 100.0], 0.005),  # median 100, 5 µs/event
+        "streamapp": runs_of([50.0, 70.0, 60.0], 0.020),  # 60, 20 µs/event
+        "Quix exactly-once": runs_of([30.0, 40.0, 35.0], 0.040),  # 35, 40 µs/event
+        "faust exactly-once": [harness.child.RunResult(rate=None, problem="failed: no faust")],
     }
-    out = harness.summarise(contenders, rates, {"faust exactly-once": "failed: no faust"})
-    assert out["raw aiokafka"] == {
-        "rates": [120.0, 80.0, 100.0],
-        "median": 100.0,
-        "over_raw": 1.0,
-        "streamapp_over_it": 0.6,
-        "problem": None,
-    }
-    assert (out["streamapp"]["median"], out["streamapp"]["over_raw"]) == (60.0, 0.6)
-    assert out["streamapp"]["streamapp_over_it"] == 1.0
-    quix = out["Quix exactly-once"]
-    assert (quix["median"], quix["over_raw"], quix["streamapp_over_it"]) == (35.0, 0.35, 1.714)
-    assert out["faust exactly-once"] == {
-        "rates": [],
-        "median": None,
-        "over_raw": None,
-        "streamapp_over_it": None,
-        "problem": "failed: no faust",
-    }
+    out = harness.summarise(contenders, runs)
+    raw = out["raw-tuned"]
+    assert (raw["median"], raw["over_raw"], raw["streamapp_over_it"]) == (100.0, 1.0, 0.6)
+    assert (raw["cpu_median"], raw["streamapp_cpu_over_it"]) == (5.0, 4.0)
+    mine = out["streamapp"]
+    assert (mine["median"], mine["over_raw"], mine["streamapp_over_it"]) == (60.0, 0.6, 1.0)
+    q = out["Quix exactly-once"]
+    assert (q["median"], q["over_raw"], q["streamapp_over_it"]) == (35.0, 0.35, 1.714)
+    assert q["cpu_us_per_event"] == [40.0, 40.0, 40.0]
+    assert q["streamapp_cpu_over_it"] == 0.5  # streamapp spends half Quix's CPU per event
+    f = out["faust exactly-once"]
+    assert (f["rates"], f["median"], f["over_raw"]) == ([], None, None)
+    assert f["problem"] == "failed: no faust"
 
 
 def test_summarise_takes_the_middle_two_of_an_even_count_and_needs_raw_for_over_raw() -> None:
-    out = harness.summarise((harness.RAW, harness.STREAMAPP), {"streamapp": [10.0, 40.0]}, {})
+    out = harness.summarise(
+        (harness.RAW_TUNED, harness.STREAMAPP), {"streamapp": runs_of([10.0, 40.0])}
+    )
     assert out["streamapp"]["median"] == 25.0
-    assert out["streamapp"]["over_raw"] is None  # raw aiokafka did not run
+    assert out["streamapp"]["over_raw"] is None  # raw-tuned did not run
     assert out["streamapp"]["streamapp_over_it"] == 1.0
-    assert out["raw aiokafka"]["median"] is None
+    assert out["streamapp"]["cpu_median"] is None  # no CPU figure given
+    assert out["raw-tuned"]["median"] is None
 
 
 @pytest.mark.parametrize(

@@ -65,8 +65,11 @@ def results() -> dict[str, Any]:
 
 def test_the_table_gives_medians_ratios_and_goals() -> None:
     text = report.tables(results())
-    assert "| 10,000 orders (100k) | streamapp | 60 | 0.60 | 1.00 | 50, 60, 70 |" in text
-    assert "| 10,000 orders (20k) | faust at-least-once | n/a | | | failed: no faust |" in text
+    assert "Quotable: load before the run <= 1." in text
+    row = "| 10,000 orders, standard (100k) | streamapp | 60 | 0.60 | 1.00 |"
+    assert row + " n/a | n/a | n/a | 50, 60, 70 |" in text
+    faust = "| 10,000 orders, standard (20k) | faust at-least-once | n/a |"
+    assert faust + " | | | | | failed: no faust |" in text
     bytewax = "| streamapp / Bytewax (recovery every 1 s), 10,000 orders | 1.50"
     assert bytewax + " (per-round pairs 1.40) | >= 1.2 (met) |" in text
     assert "12.0 ms / 40.0 ms" in text
@@ -93,3 +96,16 @@ def test_the_state_check_of_a_read_of_the_first_events_only() -> None:
     assert not rivals.check(state, 10, 10, topic_events=30)[0]
     state = {f"order-{i:05d}": {"version": 2} for i in range(4)}  # 8 of 10: two lost
     assert not rivals.check(state, 10, 10, topic_events=30)[0]
+
+
+def test_a_run_begun_above_load_1_is_not_quotable_and_never_published(tmp_path: Path) -> None:
+    import pytest
+
+    busy = results()
+    busy["machine_before"] = {**busy["machine_before"], "loadavg": [1.6, 1.0, 1.0]}
+    assert "load before 1.60 > 1: not quotable" in report.tables(busy)
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n## The latest run\n\nold\n")
+    with pytest.raises(report.NotQuotable, match=r"load before 1\.60 > 1"):
+        report.publish(busy, tmp_path / "r.json", tmp_path / "r.png", page)
+    assert page.read_text().endswith("old\n")  # left as it was
