@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import orjson
 
 from ..errors import DecodeError
-from ..events import Event
+from ..events import SPECVERSION, Event, build_event
 from ..records import Headers
 from . import structured
 from .data import encode_data, is_json_type
@@ -30,11 +30,81 @@ def decode(
     """The CloudEvent in one Kafka record, or :class:`DecodeError` saying why not.
     ``parse_json=False`` leaves binary-mode JSON data as its bytes, for readers that
     decode it themselves (typed agents: :mod:`streamapp.typed`)."""
+    # The hot path: one pass, the core attributes straight into their slots (no dict of
+    # attributes built and popped again), extensions into a dict of their own.
+    core: list[str | None] = [None] * _CORE_COUNT
+    extensions: dict[str, str] = {}
+    content_type: str | None = None
+    try:
+        for name, raw in headers:
+            slot = _CORE_SLOT.get(name)
+            if slot is not None:
+                core[slot] = raw.decode()
+            elif name[:3] == "ce_":  # the binding writes lower case
+                extensions[name[3:]] = raw.decode()
+            else:
+                lname = name.lower()
+                if lname == "content-type":
+                    content_type = raw.decode()
+                elif lname[:3] == "ce_":  # another case: the general path
+                    return _decode_attributes(value, headers, parse_json)
+    except (UnicodeDecodeError, AttributeError):
+        _bad_header(headers)
+    event_id, source, type_, spec, subject, time, _, dataschema = core
+    if not (event_id and source and type_ and spec == SPECVERSION) or (
+        content_type is not None and content_type.lower().startswith(STRUCTURED)
+    ):
+        return _decode_attributes(value, headers, parse_json)  # it says what is wrong
+    if "streamversion" in extensions:
+        _check_version(extensions["streamversion"])
+    return build_event(
+        event_id,
+        source,
+        type_,
+        SPECVERSION,
+        subject,
+        time,
+        content_type if content_type is not None else core[_DATACONTENTTYPE],
+        dataschema,
+        _data(value, content_type, parse_json),
+        extensions,
+    )
+
+
+_CORE = ("id", "source", "type", "specversion", "subject", "time", "datacontenttype", "dataschema")
+_CORE_COUNT = len(_CORE)
+_CORE_SLOT = {"ce_" + name: i for i, name in enumerate(_CORE)}
+"""The ``ce_`` header of each core attribute, to its place in :func:`decode`'s list."""
+_DATACONTENTTYPE = _CORE.index("datacontenttype")
+
+
+def _data(value: bytes | None, content_type: str | None, parse_json: bool) -> Any:
+    """A binary-mode record's data: parsed JSON for a JSON content type (unless
+    ``parse_json`` is False), else the bytes; None for an empty value."""
+    if not value:
+        return None  # an empty value is an event without data
+    if parse_json and is_json_type(content_type):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise DecodeError(f"data is not valid JSON ({content_type}): {exc}") from None
+    return value
+
+
+def _check_version(version: str) -> None:
+    if not (version.isascii() and version.isdigit() and int(version) >= 1):
+        raise DecodeError(f"streamversion {version!r} is not a positive integer")
+
+
+def _decode_attributes(value: bytes | None, headers: Headers, parse_json: bool) -> Event:
+    """The general path, for what the hot path does not take: ``ce_`` headers in another
+    case, a missing or bad attribute (:func:`~streamapp.codecs.structured.from_attributes`
+    names it), a structured or unmarked record."""
     content_type: str | None = None
     attrs: dict[str, str] = {}
     try:
         for name, raw in headers:
-            if name[:3] == "ce_":  # the binding writes lower case: the fast path
+            if name[:3] == "ce_":
                 attrs[name[3:]] = raw.decode()
                 continue
             lname = name.lower()
@@ -56,13 +126,7 @@ def decode(
         return sniffed
     if content_type is not None:
         attrs["datacontenttype"] = content_type
-    data: Any = value or None  # an empty value is an event without data
-    if data is not None and parse_json and is_json_type(content_type):
-        try:
-            data = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"data is not valid JSON ({content_type}): {exc}") from None
-    return structured.from_attributes(attrs, data)
+    return structured.from_attributes(attrs, _data(value, content_type, parse_json))
 
 
 def encode(event: Event) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:

@@ -676,3 +676,56 @@ def test_build_event_is_the_same_frozen_event() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         built.id = "other"  # type: ignore[misc]
     assert built.stream_id == "x"
+
+
+_HEADER_NAMES = st.sampled_from(
+    [
+        "ce_id", "ce_source", "ce_type", "ce_specversion", "ce_subject", "ce_time",
+        "ce_dataschema", "ce_datacontenttype", "ce_streamid", "ce_streamversion", "ce_x",
+        "CE_ID", "Ce_Type", "ce_Source", "content-type", "Content-Type", "traceparent",
+    ]
+)  # fmt: skip
+_HEADER_VALUES = st.sampled_from(
+    [b"", b"1.0", b"0.3", b"e1", b"shop", b"order.paid", b"3", b"0", b"-1", b"x",
+     b"application/json", b"application/cloudevents+json", b"text/plain", b"\xff\xfe"]
+)  # fmt: skip
+_VALUES = st.sampled_from(
+    [None, b"", b'{"a": 1}', b"{not json", b"plain",
+     b'{"specversion": "1.0", "id": "s", "source": "x", "type": "t"}']
+)  # fmt: skip
+
+
+def _outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "event", call()
+    except DecodeError as exc:
+        return "error", exc.reason
+
+
+_VALID = [("ce_id", b"e1"), ("ce_source", b"shop"), ("ce_type", b"t"), ("ce_specversion", b"1.0")]
+_SOME_HEADERS = st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=10)
+
+
+def _with_valid(extra: list[tuple[str, bytes]], at: int) -> list[tuple[str, bytes]]:
+    """The four required attributes, valid, among ``extra`` (which may override them)."""
+    return [*extra[:at], *_VALID, *extra[at:]]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    headers=_SOME_HEADERS | st.builds(_with_valid, _SOME_HEADERS, st.integers(0, 10)),
+    value=_VALUES,
+    parse_json=st.booleans(),
+)
+def test_the_one_pass_decode_reads_every_record_as_the_attribute_by_attribute_one(
+    headers: list[tuple[str, bytes]], value: bytes | None, parse_json: bool
+) -> None:
+    """The hot path (core attributes straight into their slots) and the general path
+    (every attribute through a dict, checked by name) give the same event, or the same
+    reason, for any headers: cases, duplicates, missing or bad attributes, foreign
+    headers, structured values."""
+    from streamapp.codecs.kafka import _decode_attributes
+
+    fast = _outcome(lambda: decode(b"k", value, headers, parse_json=parse_json))
+    general = _outcome(lambda: _decode_attributes(value, headers, parse_json))
+    assert fast == general
