@@ -26,10 +26,10 @@ streamapp to each by events/s and by CPU per event.
 Then, each in its own process: live latency at a fixed 2,000 events/s (publish to view,
 ``bench/latency.py``), catch-up replay from SQLite (``bench/replay.py``), changelog
 restore (``bench/restore.py``), the RabbitMQ-fed projection against raw aio-pika
-(``bench/rabbitmq.py``), view lookups local and forwarded (``bench/views.py``) and v1's
-live latency while v2 of its table replays 1M stored events, against v1 alone, with the
-building lane's replay rate (``bench/versions_latency.py``). A part
-that cannot run is reported "n/a" with the reason.
+(``bench/rabbitmq.py``), view lookups local and forwarded, loaded by ``wrk``
+(``bench/views.py``), and v1's live latency while v2 of its table replays 1M stored
+events, against v1 alone, with the building lane's replay rate
+(``bench/versions_latency.py``). A part that cannot run is reported "n/a" with the reason.
 
 The load average is recorded before and after every part and the whole run; a run whose
 1-minute load before it was above 1 is marked not quotable, and ``--publish`` (which
@@ -359,7 +359,7 @@ def other_parts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         ),
         "views": (
             "views.py",
-            ["--requests", "200" if q else "2000", "--concurrency", "1" if q else "1,8"],
+            ["--seconds", "1" if q else "3", "--concurrency", "1" if q else "1,8"],
         ),
         "versions": (
             "versions_latency.py",

@@ -2,17 +2,23 @@
 
 Two ``streamapp worker`` processes of the orders app on Kafka (8 partitions, 1,000 orders
 projected, a fresh namespace). Each key is classified once by asking worker A (owned by
-A: answered locally; else forwarded to B). Then, for lookups answered by the asked
-worker itself (``local``: A asked for A's keys, B for B's) and for lookups forwarded to
-the other worker (``forwarded``: A asked for B's keys and the reverse), N requests from
-one keep-alive aiohttp client at each concurrency: latency p50 and p99 in ms and
-requests/s. Rounds alternate the modes; the table shows the median of the rounds and
-whether the issue's goals (p99 <= 2 ms local, <= 10 ms forwarded) are met. The client
-runs on the same machine and its own time is in the figures. Every answer must be 200
-with the expected value (else the run stops). Not a test: nothing asserts a timing.
+A, else by B). The load comes from ``wrk`` (Debian's package; ``scripts/bench`` installs
+it), a compiled client, so that the client is not what is measured: one wrk thread,
+``--concurrency`` keep-alive connections, ``--seconds`` a run, cycling through the keys of
+the mode with a Lua script (``bench/views.lua``) that prints wrk's latency percentiles
+and requests/s. ``local``: a worker asked for the keys it owns; ``forwarded``: asked for
+the other worker's keys (it asks the owner). Rounds alternate the asked worker (A, then
+B) and the order of the modes; the table shows the median of the rounds against the
+issue's goals (:func:`report.views_goal`). Every value is checked before and after the
+runs (200, the expected value, forwarded or not as the mode says) and a run with any
+error (a non-2xx answer, a socket error, a timeout) stops the bench. The load average is
+recorded before and after. Not a test: nothing asserts a timing.
 
-    .venv/bin/python bench/views.py [--requests 5000] [--rounds 3] [--concurrency 1,8]
+    .venv/bin/python bench/views.py [--seconds 3] [--rounds 3] [--concurrency 1,8]
+                                    [--profile out.txt]
 
+``--profile OUT`` records the asked worker with ``py-spy`` (``.venv/bin/py-spy``, raw
+folded stacks) during one more local run at the highest concurrency, after the rounds.
 Kafka at ``STREAMAPP_KAFKA_BOOTSTRAP`` (default 127.0.0.1:9092).
 """
 
@@ -22,17 +28,22 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import report  # noqa: E402
 
 from tests.integration.harness import (  # noqa: E402
     WorkerProc,
@@ -43,69 +54,135 @@ from tests.integration.harness import (  # noqa: E402
     wait_group_ready,
 )
 
-GOALS_P99_MS = {"local": 2.0, "forwarded": 10.0}
 ORDERS = 1000
+LUA = ROOT / "bench" / "views.lua"
+MODES = ("local", "forwarded")
+WRK_TIMEOUT_S = 2
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    rank = max(1, round(q / 100 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
+def wrk_path() -> str:
+    """The wrk binary, or exit naming the package that provides it."""
+    found = shutil.which("wrk")
+    if found is None:
+        raise SystemExit(
+            "wrk not found: the views bench needs Debian's wrk as its load generator "
+            "(apt-get install wrk; scripts/bench installs it when run as root)"
+        )
+    return found
 
 
-async def run(
-    http: aiohttp.ClientSession,
-    pairs: list[tuple[int, str]],
-    n: int,
-    concurrency: int,
-    mode: str,
-) -> tuple[float, float, float]:
-    """N lookups of ``pairs`` (port, key) in turn: (p50 ms, p99 ms, requests/s). Values
-    are checked apart (:func:`check_values`), out of the timing."""
-    latencies: list[float] = []
-    next_i = 0
+def parse_wrk(stdout: str) -> dict[str, Any]:
+    """The figures ``views.lua`` printed (its ``wrk-json`` line)."""
+    for line in stdout.splitlines():
+        if line.startswith("wrk-json "):
+            figures: dict[str, Any] = json.loads(line.removeprefix("wrk-json "))
+            return figures
+    raise SystemExit(f"wrk printed no figures (is bench/views.lua its script?):\n{stdout}")
 
-    async def one_client() -> None:
-        nonlocal next_i
-        while next_i < n:
-            port, key = pairs[next_i % len(pairs)]
-            next_i += 1
-            url = f"http://127.0.0.1:{port}/tables/order_status/{key}"
-            t0 = time.perf_counter()
-            async with http.get(url) as r:
-                body = await r.read()
-                elapsed = time.perf_counter() - t0
-                forwarded = "X-Streamapp-Forwarded-To" in r.headers
-            if r.status != 200 or forwarded != (mode == "forwarded"):
-                raise SystemExit(f"{mode} {url}: {r.status} forwarded={forwarded} {body[:200]!r}")
-            latencies.append(elapsed)
 
-    started = time.perf_counter()
-    await asyncio.gather(*(one_client() for _ in range(concurrency)))
-    wall = time.perf_counter() - started
-    latencies.sort()
-    return percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000, n / wall
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` used so far, from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(
+    url: str, paths: Path, concurrency: int, seconds: float, pids: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """One wrk run against ``url`` over the paths in ``paths``: its figures, with the CPU
+    time per request of each process of ``pids`` (the workers: µs, ``cpu_us``); exits on
+    any error (a non-2xx answer, a socket error or a timeout)."""
+    cmd = [
+        wrk_path(),
+        "-t1",
+        f"-c{concurrency}",
+        f"-d{seconds:g}s",
+        f"--timeout={WRK_TIMEOUT_S}s",
+        "-s",
+        str(LUA),
+        url,
+        "--",
+        str(paths),
+    ]
+    cpu = [cpu_s(pid) for pid in pids]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30, check=False)
+    cpu = [cpu_s(pid) - before for pid, before in zip(pids, cpu, strict=True)]
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
+    figures = parse_wrk(done.stdout)
+    errors = {k: v for k, v in figures["errors"].items() if v}
+    if errors or figures["requests"] == 0:
+        raise SystemExit(f"{url} c={concurrency}: errors {errors}\n{done.stdout}")
+    figures["cpu_us"] = [round(c / figures["requests"] * 1e6, 1) for c in cpu]
+    return figures
 
 
 async def check_values(
     http: aiohttp.ClientSession,
-    pairs: list[tuple[int, str]],
+    asks: list[tuple[int, str, bool]],
     expected: dict[str, tuple[int, str]],
 ) -> None:
-    for port, key in pairs:
+    """Each (port, key, forwarded) answers 200 with the key's expected value, forwarded
+    to the owner or not as said."""
+    for port, key, forwarded in asks:
         async with http.get(f"http://127.0.0.1:{port}/tables/order_status/{key}") as r:
             value = await r.json()
-            if r.status != 200 or (value["version"], value["status"]) != expected[key]:
-                raise SystemExit(f"{key} from {port}: {r.status} {value}, want {expected[key]}")
+            got = (r.status, "X-Streamapp-Forwarded-To" in r.headers)
+            if got != (200, forwarded) or (value["version"], value["status"]) != expected[key]:
+                raise SystemExit(
+                    f"{key} from {port}: {r.status} forwarded={got[1]} {value}, "
+                    f"want {expected[key]} forwarded={forwarded}"
+                )
+
+
+def summary(results: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per mode and concurrency: the medians of the rounds."""
+    out = []
+    for (mode, conc), runs in results.items():
+        out.append(
+            {
+                "mode": mode,
+                "concurrency": conc,
+                "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+                "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+                "rps": statistics.median(r["rps"] for r in runs),
+                "cpu_us": statistics.median(sum(r["cpu_us"]) for r in runs),
+                "rounds": [
+                    {k: r[k] for k in ("worker", "p50_ms", "p99_ms", "rps", "cpu_us")} for r in runs
+                ],
+            }
+        )
+    return out
+
+
+def profile(pid: int, out: Path, run: Any) -> None:
+    """``run()`` while py-spy records process ``pid`` into ``out`` (raw folded stacks)."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("py-spy not found (scripts/bootstrap dev,bench installs it)")
+    rec = subprocess.Popen(
+        [spy, "record", "-o", str(out), "-f", "raw", "-r", "250", "--pid", str(pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        run()
+    finally:
+        rec.send_signal(2)  # SIGINT: py-spy writes what it recorded and exits
+        rec.wait(timeout=60)
+    print(f"py-spy profile of pid {pid}: {out}", flush=True)
 
 
 async def main(args: argparse.Namespace) -> None:
+    wrk_path()
     bootstrap = os.environ.get("STREAMAPP_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     ns = f"bviews{uuid.uuid4().hex[:6]}-"
     topic = f"{ns}orders"
     create_topics(bootstrap, ns)
     events, expected = order_events(ORDERS, ORDERS * 3)
     await produce(bootstrap, topic, events)
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    loads: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-views-") as tmp:
         a, b = (WorkerProc(bootstrap, ns, Path(tmp) / n, Path(tmp) / f"{n}.log") for n in "ab")
         workers = [a.start()]
@@ -117,10 +194,9 @@ async def main(args: argparse.Namespace) -> None:
             await wait_group_ready(workers, 8)
             await wait_caught_up(bootstrap, topic, topic, 120, workers)
             await wait_group_ready(workers, 8)
-            connector = aiohttp.TCPConnector(limit=max(args.concurrency) * 2)
-            async with aiohttp.ClientSession(connector=connector) as http:
-                keys = sorted(expected)
-                owner: dict[str, int] = {}
+            keys = sorted(expected)
+            owner: dict[str, int] = {}
+            async with aiohttp.ClientSession() as http:
                 for key in keys:
                     async with http.get(
                         f"http://127.0.0.1:{a.port}/tables/order_status/{key}"
@@ -129,59 +205,89 @@ async def main(args: argparse.Namespace) -> None:
                         assert r.status == 200, (key, r.status)
                         owner[key] = b.port if "X-Streamapp-Forwarded-To" in r.headers else a.port
                 other = {a.port: b.port, b.port: a.port}
-                # Interleave the two workers so that both serve each mode.
-                local = [(owner[k], k) for k in keys]
-                forwarded = [(other[owner[k]], k) for k in keys]
-                on_a = sum(1 for k in keys if owner[k] == a.port)
-                print(f"{ns}: {on_a} keys on A, {len(keys) - on_a} on B", flush=True)
-                await check_values(http, local + forwarded, expected)
-                pairs = {"local": local, "forwarded": forwarded}
-                for mode in pairs:  # warm-up: connections, caches
-                    await run(http, pairs[mode], 1000, max(args.concurrency), mode)
-                results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-                for rnd in range(args.rounds):
-                    for conc in args.concurrency:
-                        modes = list(pairs) if rnd % 2 == 0 else list(reversed(pairs))
-                        for mode in modes:
-                            r3 = await run(http, pairs[mode], args.requests, conc, mode)
-                            results.setdefault((mode, conc), []).append(r3)
-                            print(
-                                f"round {rnd + 1} {mode:9} c={conc}: p50 {r3[0]:.2f} ms, "
-                                f"p99 {r3[1]:.2f} ms, {r3[2]:,.0f} req/s",
-                                flush=True,
-                            )
+                asks = [(owner[k], k, False) for k in keys] + [
+                    (other[owner[k]], k, True) for k in keys
+                ]
+                await check_values(http, asks, expected)
+            on_a = sum(1 for k in keys if owner[k] == a.port)
+            print(f"{ns}: {on_a} keys on A, {len(keys) - on_a} on B", flush=True)
+            # the paths each worker is asked in each mode
+            paths: dict[tuple[int, str], Path] = {}
+            for port in (a.port, b.port):
+                for mode in MODES:
+                    mine = [k for k in keys if (owner[k] == port) == (mode == "local")]
+                    paths[port, mode] = Path(tmp) / f"{port}-{mode}.paths"
+                    paths[port, mode].write_text(
+                        "".join(f"/tables/order_status/{k}\n" for k in mine)
+                    )
+            top = max(args.concurrency)
+            for port in (a.port, b.port):  # warm-up: connections, caches
+                for mode in MODES:
+                    wrk(f"http://127.0.0.1:{port}", paths[port, mode], top, 1)
+            loads["before"] = [round(x, 2) for x in os.getloadavg()]
+            for rnd in range(args.rounds):
+                asked, owner = (a, b) if rnd % 2 == 0 else (b, a)
+                name = "A" if asked is a else "B"
+                url = f"http://127.0.0.1:{asked.port}"
+                pids = tuple(w.proc.pid for w in (asked, owner) if w.proc is not None)
+                for conc in args.concurrency:
+                    for mode in MODES if rnd % 2 == 0 else tuple(reversed(MODES)):
+                        fig = wrk(url, paths[asked.port, mode], conc, args.seconds, pids)
+                        fig["worker"] = name
+                        results.setdefault((mode, conc), []).append(fig)
+                        print(
+                            f"round {rnd + 1} {name} {mode:9} c={conc}: p50 {fig['p50_ms']:.3f} "
+                            f"ms, p99 {fig['p99_ms']:.3f} ms, {fig['rps']:,.0f} req/s, "
+                            f"CPU per request {' + '.join(f'{c:.0f}' for c in fig['cpu_us'])} µs "
+                            "(asked + owner)",
+                            flush=True,
+                        )
+            loads["after"] = [round(x, 2) for x in os.getloadavg()]
+            if args.profile is not None:
+                assert a.proc is not None
+                url = f"http://127.0.0.1:{a.port}"
+                path = paths[a.port, "local"]
+                profile(a.proc.pid, args.profile, lambda: wrk(url, path, top, args.seconds))
+            async with aiohttp.ClientSession() as http:
+                await check_values(http, asks, expected)
             for w in workers:
                 assert w.alive, w.log_text()[-2000:]
         finally:
             for w in workers:
                 if w.alive:
                     w.stop()
+    figures = summary(results)
     print()
     print(
-        f"views: {args.requests} lookups per run, median of {args.rounds} rounds, "
-        "2 workers, 8 partitions, 1,000 orders"
+        f"views: wrk, {args.seconds:g} s a run, median of {args.rounds} rounds, 2 workers, "
+        f"8 partitions, 1,000 orders; load average before {loads['before']}, "
+        f"after {loads['after']}"
     )
-    print(f"{'mode':10} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>9}  goal p99")
-    figures = []
-    for (mode, conc), runs in results.items():
-        p50 = statistics.median(r[0] for r in runs)
-        p99 = statistics.median(r[1] for r in runs)
-        rps = statistics.median(r[2] for r in runs)
-        goal = GOALS_P99_MS[mode]
-        met = "met" if p99 <= goal else "NOT met"
-        print(f"{mode:10} {conc:>4} {p50:>8.2f} {p99:>8.2f} {rps:>9,.0f}  <= {goal:g} ms {met}")
-        figures.append(
-            {"mode": mode, "concurrency": conc, "p50_ms": p50, "p99_ms": p99, "rps": rps}
+    print(f"{'mode':10} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>9} {'CPU µs':>7}  goal")
+    for f in figures:
+        goal, met = report.views_goal(f)
+        verdict = "" if met is None else ("met" if met else "NOT met")
+        print(
+            f"{f['mode']:10} {f['concurrency']:>4} {f['p50_ms']:>8.3f} {f['p99_ms']:>8.3f} "
+            f"{f['rps']:>9,.0f} {f['cpu_us']:>7.0f}  {goal} {verdict}"
         )
     if args.json:
         args.json.write_text(
-            json.dumps({"requests": args.requests, "rounds": args.rounds, "runs": figures})
+            json.dumps(
+                {
+                    "client": "wrk",
+                    "seconds": args.seconds,
+                    "rounds": args.rounds,
+                    "loadavg": loads,
+                    "runs": figures,
+                }
+            )
         )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=5000, help="lookups per run")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of a wrk run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--concurrency",
@@ -190,4 +296,7 @@ if __name__ == "__main__":
         help="comma-separated concurrencies (default 1,8)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy raw stacks of worker A to this file"
+    )
     asyncio.run(main(parser.parse_args()))

@@ -55,10 +55,19 @@ def results() -> dict[str, Any]:
         "restore": {"median_records_per_s": 50_000.0},
         "rabbitmq": {"consume": {"ratio_streamapp_raw": 0.9, "paired_ratio_streamapp_raw": 0.85}},
         "views": {
+            "client": "wrk",
             "runs": [
-                {"mode": "local", "concurrency": 1, "p50_ms": 0.5, "p99_ms": 1.5, "rps": 900.0},
+                {"mode": "local", "concurrency": 1, "p50_ms": 0.3, "p99_ms": 0.9, "rps": 3000.0},
                 {"mode": "forwarded", "concurrency": 1, "p50_ms": 3, "p99_ms": 12.0, "rps": 300},
-            ]
+                {
+                    "mode": "local",
+                    "concurrency": 8,
+                    "p50_ms": 0.5,
+                    "p99_ms": 1.5,
+                    "rps": 9000.0,
+                    "cpu_us": 80.4,
+                },
+            ],
         },
     }
 
@@ -76,8 +85,21 @@ def test_the_table_gives_medians_ratios_and_goals() -> None:
     assert "n/a: not run (--parts)" in text
     assert "50,000 records/s" in text
     assert "0.90 (per-round pairs 0.85) | >= 0.8 (met)" in text
-    assert "<= 2 ms (met)" in text
-    assert "<= 10 ms (NOT met)" in text
+    local_1 = "| view lookup p99, local, concurrency 1 (wrk) | 0.90 ms (p50 0.30, 3,000 req/s) |"
+    assert local_1 + " p99 <= 1 ms (met) |" in text
+    assert "| view lookup p99, forwarded, concurrency 1 (wrk) | 12.00 ms" in text
+    assert "| p99 <= 10 ms (NOT met) |" in text
+    # p99 met, requests/s not: the goal at concurrency 8 is both
+    assert "9,000 req/s, CPU 80 µs a request) | p99 <= 2 ms and >= 15,000 req/s (NOT met) |" in text
+
+
+def test_the_views_goals_by_mode_and_concurrency() -> None:
+    run = {"mode": "local", "concurrency": 8, "p99_ms": 1.9, "rps": 15_500.0}
+    assert report.views_goal(run) == ("p99 <= 2 ms and >= 15,000 req/s", True)
+    assert report.views_goal({**run, "p99_ms": 2.1})[1] is False
+    assert report.views_goal({**run, "concurrency": 1}) == ("p99 <= 1 ms", False)
+    assert report.views_goal({**run, "mode": "forwarded"}) == ("p99 <= 10 ms", True)
+    assert report.views_goal({**run, "concurrency": 4}) == ("", None)
 
 
 def test_the_state_check_of_a_whole_read() -> None:
