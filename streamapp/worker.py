@@ -22,6 +22,7 @@ from aiohttp import web
 
 from .app import App
 from .catchup import StoreFeed
+from .engine.collector import tune_collector
 from .engine.interfaces import LiveSource, Sink
 from .engine.served import LATCH_FILE, DurableLatch
 from .engine.stall import watch_loop
@@ -64,6 +65,7 @@ class Worker:
         self.metrics.watch_memory(rocks_memory(settings.memory_limit_mb))
         self._stop = asyncio.Event()
         self._unwatch: Callable[[], None] | None = None
+        self._untune: Callable[[], None] | None = None
         self.transport = transports[settings.broker]
         refuse_unsupported(app, settings.broker, self.transport.capabilities)
         for agent in app.agents.values():
@@ -134,6 +136,7 @@ class Worker:
         try:
             listening = self._bind()
             self._unwatch = watch_loop(self.settings.loop_stall_warn_ms, self.metrics)
+            self._untune = tune_collector(self.settings.gc_threshold)
             self.sink = self.transport.make_sink(self.app, self.settings, self.metrics)
             try:
                 if self.sink is not None:
@@ -288,6 +291,9 @@ class Worker:
             if self._unwatch is not None:
                 self._unwatch()
                 self._unwatch = None
+            if self._untune is not None:
+                self._untune()
+                self._untune = None
 
     async def run(self) -> None:
         """Start, run until a signal (or a fatal source error), then stop."""

@@ -214,10 +214,14 @@ class LaneBuild:
         await self.history.catch_up(self, fresh=True)  # a read issued after that covers it
         if not self._building():
             return
-        while task.busy:  # between live batches: nothing runs, nothing is queued
-            await asyncio.sleep(JOIN_POLL_S)
-            if not self._building():
-                return
+        task.joining += 1  # a batch ends after itself, not after what it fetched ahead
+        try:
+            while task.busy:  # between live batches: nothing runs, nothing is queued
+                await asyncio.sleep(JOIN_POLL_S)
+                if not self._building():
+                    return
+        finally:
+            task.joining -= 1
         task._busy = True  # the source feeds nothing meanwhile (it asks to reseek)
         task.port.pause()
         try:

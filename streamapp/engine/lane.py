@@ -194,6 +194,16 @@ class Run:
     """Why an agent refused the delivery at ``stop`` (:class:`~streamapp.Refuse`): the
     partition stops there for good."""
 
+    def pause_s(self, metrics: TaskMetrics, unavailable_s: float) -> float:
+        """The pause before the partition is fetched again after the run stopped: the
+        failed lanes' back-off (each counts a redelivery), ``unavailable_s`` after an
+        unavailable table, none after a cut."""
+        for lane in self.failed:
+            metrics.redelivery(lane.name)
+        if self.failed:
+            return max(lane.attempts.pause_s() for lane in self.failed)
+        return unavailable_s if self.unavailable else 0.0
+
     @property
     def cut(self) -> bool:
         """Stopped by the time budget only."""

@@ -170,7 +170,7 @@ async def lane_starts(task: PartitionTask, lanes: Sequence[Lane]) -> list[LaneSt
 
 async def restore_tail(task: PartitionTask) -> None:
     """Restore what the changelogs committed beyond the stores, and move live lanes to
-    the positions that makes durable (see :meth:`PartitionTask._recover`)."""
+    the positions that makes durable (see :func:`~streamapp.engine.recover.recover`)."""
     restored = await task.state.restore(counted=False)
     if restored:
         log.warning(

@@ -4,17 +4,16 @@ The task (Kafka Streams' ``StreamTask``) holds the phase machine (one method,
 :meth:`PartitionTask.transition_to`, as :mod:`~streamapp.engine.phase` allows), runs
 batches through every agent of the topic (each a lane, :mod:`~streamapp.engine.lane`),
 commits them in the one documented order (:mod:`~streamapp.engine.commit`) and rewinds
-with back-off when a commit fails. It delegates the rest: opening and going live
-(:mod:`~streamapp.engine.opening`, :mod:`~streamapp.engine.start_plan`), the stores
-(:mod:`~streamapp.engine.state`), the event-store replay (:mod:`~streamapp.engine.replay`),
-rebuilding a corrupt store (:mod:`~streamapp.engine.rebuild`). Sources make tasks with a
-:class:`~streamapp.engine.factory.TaskFactory`; observers read :meth:`~PartitionTask.status`.
+with back-off when a commit fails (:mod:`~streamapp.engine.recover`). It delegates the
+rest: opening and going live (:mod:`~.opening`, :mod:`~.start_plan`), the stores
+(:mod:`~.state`), the event-store replay (:mod:`~.replay`), rebuilding a corrupt store
+(:mod:`~.rebuild`), what is fetched while a batch runs (:mod:`~.ahead`). Sources make
+tasks with a :class:`~.factory.TaskFactory`; observers read :meth:`~PartitionTask.status`.
 
-The transport gives it a :class:`~streamapp.engine.port.PartitionPort` and, where batches
-must survive a move atomically, a :class:`~streamapp.engine.port.Transaction` (else
-derived events go out through ``publish``, confirmed, before the store write and the
-settle). While the task works, its partition is paused at the source, so the transport's
-poll loop keeps polling (heartbeats, other partitions).
+The transport gives it a :class:`~.interfaces.PartitionPort` and, where batches must
+survive a move atomically, a :class:`~.interfaces.Transaction` (else derived events go
+out through ``publish``, confirmed, before the store write and the settle). The source's
+poll loop keeps polling (heartbeats, other partitions) while the task works.
 """
 
 from __future__ import annotations
@@ -35,15 +34,17 @@ from ..outcomes import Outcome
 from ..records import Delivery
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import PartitionTables
+from .ahead import Ahead
 from .attempts import Attempts
 from .build import LaneBuild
 from .commit import Commit
 from .interfaces import PartitionPort, Transaction
 from .lane import SKIP, Lane, Run, run_lanes
-from .opening import open_partition, rejoin_partition, restore_tail
-from .pace import Pace, pause
+from .opening import open_partition, rejoin_partition
+from .pace import pause
 from .phase import Phase, check_transition
 from .rebuild import rebuild_damaged, store_damaged
+from .recover import recover
 from .replay import Replay, store_position
 from .resume import resume_points
 from .state import PartitionState, StoreOpener
@@ -106,6 +107,11 @@ class PartitionTask:
         self._opening: asyncio.Task[None] | None = None
         self._batch: asyncio.Future[Any] | None = None
         self._reseek = False
+        self.ahead: Final = Ahead(port, config.max_batch_records)
+        """What the source fetched while the batch in hand runs: the next batch."""
+        self.joining = 0
+        """Building lanes waiting for the task to be idle to join (engine.build): a
+        batch then ends after itself instead of running what was queued meanwhile."""
         self.turn: Final = asyncio.Lock()
         """Held by a live batch, and by each part of a building lane's replay, so that
         the two take turns (each commits its own work, never the other's)."""
@@ -219,6 +225,7 @@ class PartitionTask:
         if self.phase is not Phase.LIVE or any(lane.building for lane in self.lanes):
             return False  # a building lane resumes from its checkpoint when reopened
         self._busy = True  # nothing is fed while suspended
+        self._hold()  # the batch in hand ends after itself
         batch = self._batch
         if batch is not None and not batch.done():
             try:
@@ -299,19 +306,31 @@ class PartitionTask:
             exc,
         )
 
-    # opening -----------------------------------------------------------------------
     # live deliveries -----------------------------------------------------------------
-    def feed(self, deliveries: Sequence[Delivery]) -> None:
-        """Take fetched deliveries: process them in the background, partition paused."""
+    def feed(self, deliveries: Sequence[Delivery], *, prefetch: bool = False) -> None:
+        """Take fetched deliveries: process them in the background. The partition is
+        paused meanwhile; with ``prefetch`` (a source that can fetch ahead: Kafka) it is
+        fetched on while the batch runs and commits, and what arrives meanwhile
+        (``ahead.add``) is the next batch (:mod:`~streamapp.engine.ahead`)."""
         start = self.next_position or 0
         if deliveries and deliveries[0].position < start:  # already applied (a seek raced)
             deliveries = [d for d in deliveries if d.position >= start]
         if not deliveries:
             return
         self._busy = True
-        self.port.pause()
+        self.ahead.start(prefetch)
         self._batch = asyncio.create_task(self.process(deliveries), name=f"batch {self.name}")
         self._batch.add_done_callback(self._batch_done)
+
+    @property
+    def queueing(self) -> bool:
+        """True while deliveries fetched ahead are taken (``ahead.add``)."""
+        return self.ahead.taking and self._phase is Phase.LIVE
+
+    def _hold(self) -> None:
+        """Take nothing more ahead; what was dropped is fetched again after a rewind."""
+        if self.ahead.hold():
+            self._reseek = True
 
     def recheck(self) -> None:
         """The source may have changed hands under this task (a queue with single active
@@ -329,32 +348,22 @@ class PartitionTask:
             self._fail(exc, f"{self.name}: batch task died: {exc!r}")
 
     async def process(self, deliveries: Sequence[Delivery]) -> None:
-        """Run live ``deliveries`` (in order) through the agents, commit, then resume."""
-        config = self.config
-        wait_s: float | None = 0.0
-        try:
-            if self.replay.check_gap:
-                self.replay.check_gap = False
-                await self.replay.close_gap(deliveries)
-            async with self.turn:
-                wait_s = await self._run_batch(deliveries)
-        except FencedError as exc:
-            self._lost(exc)
-            return
-        except Exception as exc:
-            if isinstance(exc, StoreCorruptError) and self.state.damaged:
-                wait_s = 0.0  # rebuilt below; the batch runs again after it
-            else:
-                log.error(
-                    "%s: batch failed, rewinding to %s: %r", self.name, self.next_position, exc
-                )
-                async with self.turn:
-                    recovered = await self._recover()
-                if not recovered:
-                    return
-                wait_s = config.redeliver_pause_s
-        if wait_s is None:
-            return
+        """Run live ``deliveries`` (in order) through the agents, commit, then resume;
+        then what was fetched meanwhile, if anything (see :meth:`feed`)."""
+        while True:
+            wait_s = await self._process(deliveries)
+            if wait_s is None:
+                self._hold()
+                return
+            waiting = self.ahead.waiting
+            if wait_s or not waiting or self.joining or self.state.damaged:
+                break
+            if self._phase is not Phase.LIVE or self._reseek:
+                break
+            deliveries = self.ahead.take()
+        if wait_s or self.ahead.waiting or self.joining or self.state.damaged:
+            self._hold()
+        self.ahead.taking = False
         if self.state.damaged:
             async with self.turn:
                 rebuilt = await rebuild_damaged(self)
@@ -366,7 +375,30 @@ class PartitionTask:
         if self._reseek and self.next_position is not None:
             self._rewind(self.next_position)
         self._busy = False
+        self.ahead.resumed()
         self.port.resume()
+
+    async def _process(self, deliveries: Sequence[Delivery]) -> float | None:
+        """One live batch: run, commit; the pause before the next (None: stop)."""
+        try:
+            if self.replay.check_gap:
+                self.replay.check_gap = False
+                await self.replay.close_gap(deliveries)
+            async with self.turn:
+                return await self._run_batch(deliveries)
+        except FencedError as exc:
+            self._lost(exc)
+            return None
+        except Exception as exc:
+            self._hold()
+            if isinstance(exc, StoreCorruptError) and self.state.damaged:
+                return 0.0  # rebuilt by the caller; the batch runs again after it
+            log.error("%s: batch failed, rewinding to %s: %r", self.name, self.next_position, exc)
+            async with self.turn:
+                recovered = await self._recover()
+            if not recovered:
+                return None
+            return self.config.redeliver_pause_s
 
     async def _run_batch(self, deliveries: Sequence[Delivery]) -> float | None:
         """Run and commit live ``deliveries`` in chunks; the pause before the partition
@@ -395,21 +427,13 @@ class PartitionTask:
                 return None
             if run.stop is not None:
                 self._rewind(min(run.reached))
-                wait_s = self._wait_after(run)
+                wait_s = run.pause_s(self.metrics, self.config.redeliver_pause_s)
                 break
         return wait_s
 
     def _refused(self, reason: str) -> None:
         """An agent refused a delivery: what came before it is committed, it is not."""
         self._fail(AgentRefusedError(reason), f"{self.name}: {reason}")
-
-    def _wait_after(self, run: Run) -> float:
-        """The pause before the partition is fetched again after ``run`` stopped."""
-        for lane in run.failed:
-            self.metrics.redelivery(lane.name)
-        if run.failed:
-            return max(lane.attempts.pause_s() for lane in run.failed)
-        return self.config.redeliver_pause_s if run.unavailable else 0.0
 
     async def _commit_live(self, chunk: Sequence[Delivery], run: Run, *, whole: bool) -> None:
         """Commit ``chunk``'s run; ``whole``: it ran to the end of what the source handed
@@ -420,9 +444,9 @@ class PartitionTask:
                 lane.next = reached
         settle = min(run.reached)
         live = [lane for lane in self.lanes if lane.next is not None]  # not building
-        if whole and not self._reseek and all(lane.next == settle for lane in live):
+        if whole and not self._fetched_on() and all(lane.next == settle for lane in live):
             through = await self.port.through(settle)
-            if not self._reseek:  # nothing fetched meanwhile that the task did not run
+            if not self._fetched_on():  # nothing fetched meanwhile that the task did not run
                 settle = through
                 for lane in live:
                     lane.next = settle
@@ -449,7 +473,12 @@ class PartitionTask:
         self._next = settle
         self.counts.processed += sum(1 for d in chunk if before <= d.position < settle)
 
+    def _fetched_on(self) -> bool:
+        """Deliveries past the chunk in hand were fetched (waiting, or dropped)."""
+        return self._reseek or bool(self.ahead.waiting)
+
     def _rewind(self, position: int) -> None:
+        self._hold()  # what was fetched ahead is fetched again from ``position``
         self.port.rewind(position)
         self._reseek = False
 
@@ -465,31 +494,5 @@ class PartitionTask:
             raise
 
     async def _recover(self) -> bool:
-        """After a failed commit: drop the batch, reset the transaction, rewind to the
-        checkpoint. Retries with back-off while the partition is ours.
-
-        A transaction that timed out may still have committed. The reset fences it (it is
-        then committed or aborted for good) and the changelogs' committed tail is restored
-        into the stores, as a new owner would: a batch that committed after all is in the
-        stores and checkpoints then, and is not run again (its derived events and copies
-        would go out twice)."""
-        pace = Pace(self._closing)
-        while self.phase in (Phase.LIVE, Phase.CATCHING_UP):
-            if self.state.damaged and self.phase is Phase.LIVE:
-                return await rebuild_damaged(self)
-            try:
-                for lane in self.lanes:
-                    lane.drop()
-                if self.transaction is not None:
-                    await self.transaction.reset()
-                    await restore_tail(self)
-                if self.next_position is not None and self.phase is Phase.LIVE:
-                    self._rewind(self.next_position)
-                return True
-            except FencedError as exc:
-                self._lost(exc)
-                return False
-            except Exception as exc:
-                log.error("%s: rewind failed (%r); retrying in %.1fs", self.name, exc, pace.delay)
-                await pace.wait()
-        return False
+        """After a failed commit: back to the durable state (:func:`~.recover.recover`)."""
+        return await recover(self)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -195,14 +195,9 @@ class KafkaSource:
                 if task is None:  # fetched before the listener made its task
                     self._rewind_unowned(tp, records[0].offset)
                 elif task.accepting:
-                    task.feed(
-                        [
-                            DeliveryRecord(
-                                r.topic, r.partition, r.offset, r.key, r.value, r.headers
-                            )
-                            for r in records
-                        ]
-                    )
+                    task.feed(_deliveries(records), prefetch=True)
+                elif task.queueing:  # fetched while its batch runs: the next batch
+                    task.ahead.add(_deliveries(records))
                 else:
                     task.dropped()
 
@@ -294,6 +289,13 @@ class KafkaSource:
         for task, result in zip(closing, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("closing %s failed: %r", task.name, result)
+
+
+def _deliveries(records: list[ConsumerRecord[bytes, bytes]]) -> list[Delivery]:
+    """aiokafka's records as deliveries (a tuple each: the cheapest to build)."""
+    return [
+        DeliveryRecord(r.topic, r.partition, r.offset, r.key, r.value, r.headers) for r in records
+    ]
 
 
 def transactional_id(app_id: str, topic: str, partition: int) -> str:
