@@ -44,6 +44,7 @@ from .port import KafkaPartitionPort
 from .sink import KafkaSink
 from .topology import check_new_lanes, check_topics, delete_retention_ms
 from .transaction import KafkaTransaction
+from .txn_backoff import shorten_concurrent_transactions_backoff
 
 log = logging.getLogger("streamapp.kafka")
 POLL_STOP_GRACE_S = 2.0
@@ -81,6 +82,7 @@ class KafkaSource:
         metrics: TaskMetrics = NO_METRICS,
     ) -> None:
         self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
+        shorten_concurrent_transactions_backoff()  # batches follow each other at once
         self.history, self.metrics = history, metrics
         self.assignment = Assignment(app)
         self._topics = app.sources
