@@ -112,7 +112,7 @@ class Settings:
     """What ``send(topic, event, delay_s=...)`` does: ``immediate`` sends at once and
     warns; ``reject`` fails the send (the handler's failure policy applies); ``relay``
     holds it in ``{topic}-delay`` until due, and the relay republishes it."""
-    max_batch_records: int = 2000
+    max_batch_records: int = 5000
     batch_budget_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
     session_timeout_ms: int = 10_000

@@ -17,7 +17,7 @@ from ..settings import Settings
 class TaskConfig:
     """The settings a task reads (see :class:`~streamapp.settings.Settings`)."""
 
-    max_batch_records: int = 2000
+    max_batch_records: int = 5000
     batch_budget_s: float = 10.0
     redeliver_pause_s: float = 0.5
     redeliver_backoff_max_s: float = 30.0
