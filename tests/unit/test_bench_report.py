@@ -79,12 +79,14 @@ def test_the_table_gives_medians_ratios_and_goals() -> None:
     assert row + " n/a | n/a | n/a | 50, 60, 70 |" in text
     faust = "| 10,000 orders, standard (20k) | faust at-least-once | n/a |"
     assert faust + " | | | | | failed: no faust |" in text
-    bytewax = "| streamapp / Bytewax (recovery every 1 s), 10,000 orders | 1.50"
-    assert bytewax + " (per-round pairs 1.40) | >= 1.2 (met) |" in text
-    assert "12.0 ms / 40.0 ms" in text
+    bytewax = "| streamapp / Bytewax recovery 1 s (Bytewax with recovery), 10,000 orders, standard"
+    assert bytewax + " | 1.50 by events/s (per-round pairs 1.40) | >= 1.3 (met) |" in text
+    raw = "| streamapp / raw-tuned (the ceiling), 10,000 orders, standard | 0.60 |"
+    assert raw + " >= 0.45 (met) |" in text
+    assert "12.0 ms / 40.0 ms | p99 <= 25 ms (NOT met) |" in text
     assert "n/a: not run (--parts)" in text
-    assert "50,000 records/s" in text
-    assert "0.90 (per-round pairs 0.85) | >= 0.8 (met)" in text
+    assert "50,000 records/s | >= 500,000 records/s (NOT met) |" in text
+    assert "0.90 (per-round pairs 0.85) | >= 0.95 (NOT met)" in text
     local_1 = "| view lookup p99, local, concurrency 1 (wrk) | 0.90 ms (p50 0.30, 3,000 req/s) |"
     assert local_1 + " p99 <= 1 ms (met) |" in text
     assert "| view lookup p99, forwarded, concurrency 1 (wrk) | 12.00 ms" in text
@@ -131,3 +133,31 @@ def test_a_run_begun_above_load_1_is_not_quotable_and_never_published(tmp_path: 
     with pytest.raises(report.NotQuotable, match=r"load before 1\.60 > 1"):
         report.publish(busy, tmp_path / "r.json", tmp_path / "r.png", page)
     assert page.read_text().endswith("old\n")  # left as it was
+
+
+def test_a_quix_target_is_met_only_by_events_per_second_and_by_cpu_per_event() -> None:
+    def quix(rate_ratio: float, cpu_ratio: float) -> dict[str, Any]:
+        return {
+            "median": 100.0,
+            "rates": [100.0],
+            "streamapp_over_it": rate_ratio,
+            "streamapp_cpu_over_it": cpu_ratio,
+        }
+
+    workload = {
+        "orders": 1_000,
+        "payload": "standard",
+        "contenders": {
+            "streamapp": {"median": 160.0, "rates": [160.0], "over_raw": 0.5},
+            "Quix exactly-once": quix(1.6, 0.6),  # 1.6x by events/s, 1/0.6 = 1.67x by CPU
+            "Quix at-least-once": quix(1.6, 0.8),  # by CPU only 1.25x
+        },
+    }
+    rows = report.target_rows({"throughput": {"w": workload}})
+    by_name = {name.split(" (")[0]: (value, goal) for name, value, goal in rows}
+    assert by_name["streamapp / Quix exactly-once"] == (
+        "1.60 by events/s (per-round pairs 1.60), 1.67 by CPU per event",
+        ">= 1.5 both (met)",
+    )
+    assert by_name["streamapp / Quix at-least-once"][1] == ">= 1.5 both (NOT met)"
+    assert by_name["streamapp / raw-tuned"] == ("0.50", ">= 0.45 (met)")
