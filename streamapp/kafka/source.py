@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -33,12 +33,13 @@ from ..engine.task_config import TaskConfig
 from ..errors import SourceError
 from ..events import Event
 from ..outcomes import Retry
-from ..records import Delivery, DeliveryRecord
+from ..records import Delivery
 from ..settings import Settings
 from ..tables.store import Store, rocks_opener
 from ..topics import TopicSpec
 from .commits import FLUSH_TIMEOUT_S, OffsetCommits
 from .connection import with_startup_retry
+from .fetched import as_deliveries, deliver_records
 from .members import Generation
 from .port import KafkaPartitionPort
 from .sink import KafkaSink
@@ -142,6 +143,7 @@ class KafkaSource:
         await with_startup_retry(self.settings, "Kafka admin", admin.start)
         self._admin = admin  # reads committed offsets with their metadata
         await with_startup_retry(self.settings, "Kafka consumer", self._consumer.start)
+        deliver_records(self._consumer)  # no ConsumerRecord built per record
         self._consumer.subscribe(list(self._topics), listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._poll_loop(), name="poll loop")
 
@@ -197,9 +199,9 @@ class KafkaSource:
                 if task is None:  # fetched before the listener made its task
                     self._rewind_unowned(tp, records[0].offset)
                 elif task.accepting:
-                    task.feed(_deliveries(records), prefetch=True)
+                    task.feed(as_deliveries(records), prefetch=True)
                 elif task.queueing:  # fetched while its batch runs: the next batch
-                    task.ahead.add(_deliveries(records))
+                    task.ahead.add(as_deliveries(records))
                 else:
                     task.dropped()
 
@@ -291,13 +293,6 @@ class KafkaSource:
         for task, result in zip(closing, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("closing %s failed: %r", task.name, result)
-
-
-def _deliveries(records: list[ConsumerRecord[bytes, bytes]]) -> list[Delivery]:
-    """aiokafka's records as deliveries (a tuple each: the cheapest to build)."""
-    return [
-        DeliveryRecord(r.topic, r.partition, r.offset, r.key, r.value, r.headers) for r in records
-    ]
 
 
 def transactional_id(app_id: str, topic: str, partition: int) -> str:
