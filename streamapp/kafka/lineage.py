@@ -107,6 +107,20 @@ async def _record_at(
     """The first committed record at or after ``offset`` and before ``end`` (None: none,
     only commit markers or aborted records are left)."""
     consumer.seek(tp, offset)
+    consumer.resume(tp)  # a restore keeps it paused (it fetches by itself)
+    try:
+        return await _first_at(consumer, tp, offset, end, stall_timeout_s)
+    finally:
+        consumer.pause(tp)
+
+
+async def _first_at(
+    consumer: AIOKafkaConsumer,
+    tp: TopicPartition,
+    offset: int,
+    end: int,
+    stall_timeout_s: float,
+) -> tuple[int, bytes | None, bytes | None] | None:
     deadline = time.monotonic() + stall_timeout_s
     while True:
         fetched = await consumer.getmany(tp, timeout_ms=FETCH_WAIT_MS, max_records=1)

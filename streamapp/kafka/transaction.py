@@ -16,10 +16,11 @@ writer raises :class:`~streamapp.errors.FencedError`. ``TxnOffsetCommit`` carrie
 group generation (aiokafka sends v0, no KIP-447 fencing): the stable id is the fence.
 
 Restore (:func:`restore`) reads one agent's changelog partition from its store's
-recorded position to the end with ``read_committed`` (aborted batches are invisible), in
-chunks, each one atomic store write with the new position. First the store's lineage is
-checked (:mod:`streamapp.kafka.lineage`): a store that is not of this changelog (deleted
-and made again since) is wiped and restored in full. A store whose last write is
+recorded position to the end with ``read_committed`` (aborted batches are invisible; the
+fetch is its own, :mod:`~streamapp.kafka.changelog_read`, record batches with no object
+per record), in chunks, each one atomic store write with the new position. First the
+store's lineage is checked (:mod:`streamapp.kafka.lineage`): a store that is not of this
+changelog (deleted and made again since) is wiped and restored in full. A store whose last write is
 older than the topic's ``delete.retention.ms`` is wiped and restored in full: compaction
 may have dropped tombstones it never saw (the Kafka Streams rule). Format and the
 reasons for transactions: :mod:`streamapp.tables.changelog`.
@@ -43,13 +44,13 @@ from ..records import Message
 from ..tables.changelog import RestoreChunk, records
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import BatchChanges, PartitionTables
+from .changelog_read import CommittedReader
 from .lineage import mismatch
 from .port import offset_metadata
 from .sink import producer_config
 
 log = logging.getLogger("streamapp.partition")
 
-CHUNK = 5000
 FENCED = (ProducerFenced, InvalidProducerEpoch)
 
 
@@ -350,6 +351,7 @@ async def restore(
     try:
         await consumer.start()
         consumer.assign([tp])
+        consumer.pause(tp)  # read by the CommittedReader (the lineage check resumes it)
         end = (await consumer.end_offsets([tp]))[tp]
         why = await mismatch(consumer, tp, tables.checkpoint, end, stall_timeout_s)
         if why is not None:
@@ -369,22 +371,25 @@ async def restore(
             tables.store.wipe()
             tables.checkpoint = Checkpoint()
             start = 0
-        consumer.seek(tp, start)
+        reader = CommittedReader(consumer, tp)
         log.info("restoring %s: up to %d changelog records", where, end - start)
         applied, last_progress = 0, time.monotonic()
         position = start
         while position < end:
-            fetched = await consumer.getmany(tp, timeout_ms=500, max_records=CHUNK)
+            batches, after = await reader.fetch(position)
             chunk = RestoreChunk(tables)
-            for rec in fetched.get(tp, ()):
-                chunk.apply(rec.key, rec.value, rec.offset)
-                applied += 1
-            position = await consumer.position(tp)
-            chunk.write(tables, position)  # holds the GIL anyway; never races close()
-            if chunk.skipped:
-                log.warning("%s: %d records of unknown tables skipped", where, chunk.skipped)
-            if fetched:
-                last_progress = time.monotonic()
+            for batch, next_offset in batches:
+                chunk.apply_records(batch, position)  # a first batch may begin below it
+                position = next_offset
+                if chunk.taken >= CHUNK:  # one atomic write per CHUNK records
+                    applied += _write(chunk, tables, position, where)
+                    await asyncio.sleep(0)  # the other partitions' turn
+                    chunk = RestoreChunk(tables)
+            if chunk.taken or after != tables.checkpoint.changelog:
+                applied += _write(chunk, tables, after, where)
+            if after != position or batches:
+                position, last_progress = after, time.monotonic()
+                await asyncio.sleep(0)
             elif time.monotonic() - last_progress > stall_timeout_s:
                 raise SourceError(
                     f"restore of {where} made no progress for "
@@ -395,6 +400,18 @@ async def restore(
         raise SourceError(f"restore of {where} failed: {exc!r}") from exc
     finally:
         await consumer.stop()
+
+
+CHUNK = 20_000
+"""Changelog records per restore write (atomic, with the position after them)."""
+
+
+def _write(chunk: RestoreChunk, tables: PartitionTables, position: int, where: str) -> int:
+    """Write ``chunk`` with changelog ``position``; the records it applied."""
+    chunk.write(tables, position)  # holds the GIL anyway; never races close()
+    if chunk.skipped:
+        log.warning("%s: %d records of unknown tables skipped", where, chunk.skipped)
+    return chunk.taken
 
 
 ABORT_TIMEOUT_S = 5.0

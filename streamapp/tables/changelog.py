@@ -18,7 +18,8 @@ keys carry a one-byte tag so that compaction keeps each kind apart:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from .checkpoint import Checkpoint
 from .partition import CHECKPOINT_KEY, META, VERSIONS, BatchChanges, PartitionTables, encode_version
@@ -40,6 +41,17 @@ def records(batch: BatchChanges) -> Iterator[tuple[bytes, bytes | None]]:
     yield CHECKPOINT, batch.checkpoint.positions()
 
 
+class ChangelogRecord(Protocol):
+    """A changelog record as a restore reads it (an aiokafka record has these)."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+
+
 class RestoreChunk:
     """Changelog records turned into one atomic store write, plus the checkpoint they
     carry. Unknown tables and tags are counted, not applied (a table removed since)."""
@@ -50,9 +62,12 @@ class RestoreChunk:
         self.checkpoint: bytes | None = None
         self.checkpoint_offset = -1
         self.skipped = 0
+        self.taken = 0
+        """Records taken (applied or skipped)."""
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int = -1) -> None:
         """Take the record at changelog ``offset``."""
+        self.taken += 1
         key = key or b""
         tag = key[:1]
         if tag == DATA:
@@ -68,6 +83,39 @@ class RestoreChunk:
             self.checkpoint, self.checkpoint_offset = value, offset
         else:
             self.skipped += 1
+
+    def apply_records(self, records: Iterable[ChangelogRecord], start: int = 0) -> None:
+        """Take every record of ``records`` at or after offset ``start`` (those below it
+        are skipped: a fetch's first batch may begin before its offset), as :meth:`apply`
+        takes one, in one loop."""
+        versions = self.changes[VERSIONS]
+        spaces = self._spaces
+        tables: dict[bytes, dict[bytes, bytes | None]] = {}
+        taken = 0
+        for rec in records:
+            offset = rec.offset
+            if offset < start:
+                continue
+            taken += 1
+            key = rec.key or b""
+            tag = key[:1]
+            if tag == VERSION:
+                versions[key[1:]] = rec.value
+            elif tag == DATA:
+                table, _, rest = key[1:].partition(SEP)
+                changes = tables.get(table)
+                if changes is None:
+                    space = spaces.get(table)
+                    if space is None:
+                        self.skipped += 1
+                        continue
+                    changes = tables[table] = self.changes.setdefault(space, {})
+                changes[rest] = rec.value
+            elif tag == CHECKPOINT and rec.value is not None:
+                self.checkpoint, self.checkpoint_offset = rec.value, offset
+            else:
+                self.skipped += 1
+        self.taken += taken
 
     def write(self, tables: PartitionTables, changelog: int) -> None:
         """Write the chunk with the checkpoint it reached (blocking, atomic)."""
