@@ -86,13 +86,23 @@ class PartitionState:
 
     # open, restore, release --------------------------------------------------------
     async def open(self) -> None:
-        """Open every lane's store, fence the previous owner and restore the changelogs,
-        then make the lanes' views."""
-        for lane in self.lanes:
-            if lane.agent.tables and self._open_store is not None:
-                lane.tables = await self.open_one(lane)
+        """Open every lane's store while the previous owner is fenced (the transactional
+        writer's start: broker round trips, while a store open holds the GIL), restore
+        the changelogs once both are done, then make the lanes' views."""
+        fencing = None
         if self._transaction is not None:
-            await self._transaction.open()  # fences the previous owner first
+            fencing = asyncio.ensure_future(self._transaction.open())
+        try:
+            for lane in self.lanes:
+                if lane.agent.tables and self._open_store is not None:
+                    lane.tables = await self.open_one(lane)
+        except BaseException:
+            if fencing is not None:  # release() then closes what it started
+                fencing.cancel()
+                await asyncio.gather(fencing, return_exceptions=True)
+            raise
+        if fencing is not None:
+            await fencing  # fenced before anything is restored
             await self.restore()
         self.make_views()
 
