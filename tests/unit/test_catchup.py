@@ -202,3 +202,64 @@ def test_a_share_iterates_indexes_and_slices_as_deliveries() -> None:
     assert [d.position for d in tail] == [12, 13]
     assert tail[0].topic == "topic"
     assert tail[0].partition == 5
+
+
+async def test_replay_parts_cut_by_the_budget_and_chunk_edges_apply_every_event_once(
+    tmp_path: Path,
+) -> None:
+    """A zero time budget commits each stored event as a part of its own, and chunks of
+    7 rows cut the store at odd places: every event is handled once, the store position
+    reaches past the last, and the version of each stream is its event count."""
+    handled: list[str] = []
+
+    async def handler(event: Event, view: TableView[int]) -> None:
+        handled.append(event.id)
+        sid = event.stream_id
+        assert sid is not None
+        view[sid] = view.get(sid, 0) + 1
+
+    agent = Agent("a", handler, TopicSpec("topic", 1), (TABLE,), history=FromEventStore())
+    store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
+    appends = [Append(f"s{i % 5}", [_ev(f"e{i}", f"s{i % 5}")]) for i in range(60)]
+    await store.append_many(appends)
+    feed = StoreFeed(store, chunk=7, poll_s=0.01)
+    changelog = RecordingTransaction()
+
+    async def park(delivery: Delivery, reason: str) -> bool:
+        return False
+
+    task = TaskFactory(
+        config=TaskConfig(redeliver_pause_s=0.0, batch_budget_s=0.0),
+        decode=lambda d: codec.decode(d.key, d.value, d.headers),
+        park=lambda agent, name: park,
+        history=feed,
+    ).create(
+        agent,
+        0,
+        MemoryPort(),
+        name="topic[0]",
+        open_store=lambda agent, spaces: MemoryStore(spaces),
+        transaction=changelog,
+    )
+    feed.start()
+    task.start()
+    try:
+        for _ in range(500):
+            if task.phase is Phase.LIVE:
+                break
+            await asyncio.sleep(0.01)
+        assert task.phase is Phase.LIVE
+        assert handled == [f"e{i}" for i in range(60)]
+        tables = task.tables
+        assert tables is not None
+        assert tables.checkpoint.history == 61
+        assert dict(tables.views[0].items()) == {f"s{i}": 12 for i in range(5)}
+        assert {tables.applied_version(f"s{i}") for i in range(5)} == {12}
+        positions = [b.checkpoint.history for b in changelog.batches]
+        assert positions == sorted(positions)  # each part's commit moves it forward
+        assert len(changelog.batches) >= 60  # a part per event (the budget cut each)
+        assert task.counts.replayed == 60
+    finally:
+        await task.close()
+        await feed.stop()
+        await store.close()
