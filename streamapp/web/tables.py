@@ -8,7 +8,8 @@ transport keeps a directory of owners (Kafka), else answered 421 naming the part
 
 A table has versions (``Table(name, version=N)``); views answer from the table's active
 version (:mod:`streamapp.version_states`, as the members directory shows the group:
-:func:`streamapp.engine.served.group_states`), or from the version ``?version=N`` pins.
+:func:`streamapp.engine.served.group_states`, kept between lookups until what it comes
+from changes: :mod:`streamapp.web.routes`), or from the version ``?version=N`` pins.
 Every answer to a key names the version that served it or would serve it, in the header
 :data:`VERSION_HEADER` (200s, 404s of a key, 503s). A key is forwarded to its owner
 with the version, and the owner answers that version, never another; a partition
@@ -41,13 +42,14 @@ import orjson
 from aiohttp import web
 
 from ..engine.assignment import Assignment
-from ..engine.served import group_states, phase_of, serving_tables
+from ..engine.served import phase_of, serving_tables
 from ..engine.task import PartitionTask
 from ..errors import StoreError
 from ..tables.partition import PartitionTables
 from ..tables.table import Table, scan
 from .forward import FORWARDED, ask_owner, forward
 from .responses import error, json_response, unavailable
+from .routes import VersionRoutes
 
 MAX_KEY_BYTES = 1024
 """Longer keys (and prefixes) are refused with 414."""
@@ -67,6 +69,7 @@ def add_routes(
     history: Callable[[], dict[str, object]] | None = None,
 ) -> None:
     declared = assignment.app.tables
+    routes = VersionRoutes(assignment, worker_id)
 
     def names() -> list[str]:
         return sorted({t.name for _, t in declared.values()})
@@ -85,7 +88,7 @@ def add_routes(
         return min((t for _, t in declared.values() if t.name == name), key=lambda t: t.version)
 
     async def list_tables(request: web.Request) -> web.Response:
-        states, known = group_states(assignment, worker_id)
+        states, known = routes.states()
         head = (history() if history is not None else {}).get("head")
         out = []
         for name in sorted(set(names()) | set(states)):
@@ -131,9 +134,9 @@ def add_routes(
     def _version(request: web.Request, name: str) -> int:
         """The version to answer ``name`` from: pinned by ``?version=N``, else the active
         one (an _Answer: 404 for a version that does not exist, 503 while unknown)."""
-        states, known = group_states(assignment, worker_id)
-        table_states = states.get(name)
-        existing = [] if table_states is None else table_states.existing
+        current = routes.current()
+        known = current.known
+        existing = current.existing.get(name, ())
         if request.query.get("version"):
             version = _int_param(request, "version", 0)
             if version in existing:
@@ -151,7 +154,7 @@ def add_routes(
                     404,
                     f"table {name!r} has no version {version}; its versions: "
                     f"{', '.join(map(str, existing)) or 'none'}",
-                    versions=existing,
+                    versions=list(existing),
                 )
             )
         latched = assignment.served.get(name)
