@@ -46,7 +46,7 @@ from ..engine.served import phase_of, serving_tables
 from ..engine.task import PartitionTask
 from ..errors import StoreError
 from ..tables.partition import PartitionTables
-from ..tables.table import Table, scan
+from ..tables.table import JsonCodec, Table, scan
 from .forward import FORWARDED, ask_owner, forward
 from .responses import error, json_response, unavailable
 from .routes import VersionRoutes
@@ -286,7 +286,7 @@ def add_routes(
             resp = error(404, f"key {key!r} not found in table {table.label!r}")
             resp.headers.update(headers)
             return resp
-        value = table.codec.loads(raw)
+        value = _answered(table, raw)
         if not meta:
             return json_response(value, 200, **headers)
         return json_response(
@@ -395,7 +395,7 @@ def add_routes(
             except StoreError as exc:
                 raise _Answer(_store_failed(name, p, exc), version) from exc
             return [
-                {"key": k.decode(), "value": table.codec.loads(raw), "partition": p}
+                {"key": k.decode(), "value": _answered(table, raw), "partition": p}
                 for k, raw in rows
             ]
         if "only" in request.query or FORWARDED in request.headers:
@@ -427,6 +427,16 @@ def add_routes(
     app.router.add_get("/tables", list_tables)
     app.router.add_get("/tables/{table}", scan_table)
     app.router.add_get("/tables/{table}/{key}", get_key)
+
+
+def _answered(table: Table[Any], raw: bytes) -> Any:
+    """A stored value as the answer's JSON writes it: a JSON table's own bytes as they
+    are (its codec wrote them with ``orjson.dumps``, which writes what it reads back
+    byte for byte: decoding and encoding them again would give the same bytes), any
+    other codec's value decoded (``msgspec`` writes typed values as JSON)."""
+    if type(table.codec) is JsonCodec:
+        return orjson.Fragment(raw)
+    return table.codec.loads(raw)
 
 
 def _versioned(response: web.Response, version: int | None) -> web.Response:
