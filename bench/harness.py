@@ -82,7 +82,7 @@ class Contender:
     ``fetch`` to the raw consumer or streamapp (``default``, ``tuned`` or ``k=v,...``)."""
 
     name: str
-    kind: str  # raw | streamapp | streamapp-dict | streamapp-typed | quix | faust | bytewax
+    kind: str  # raw | streamapp[-uvloop|-dict|-typed] | quix | faust | bytewax
     flags: tuple[str, ...] = ()
     fetch: str = "default"
     equal_freshness: bool = False
@@ -102,6 +102,8 @@ RAW_DEFAULT = Contender("raw-default", "raw")
 RAW_TUNED = Contender("raw-tuned", "raw", fetch="tuned")
 CEILING = RAW_TUNED.name
 STREAMAPP = Contender("streamapp", "streamapp")
+STREAMAPP_UVLOOP = Contender("streamapp uvloop", "streamapp-uvloop")
+"""streamapp with setting event_loop="uvloop" (the uvloop extra)."""
 QUIX_EOS = Contender("Quix exactly-once", "quix", ("--exactly-once",))
 QUIX_ALO = Contender("Quix at-least-once", "quix")
 QUIX_EQUAL_EOS = Contender(
@@ -121,6 +123,7 @@ WORKLOADS = (
             RAW_DEFAULT,
             RAW_TUNED,
             STREAMAPP,
+            STREAMAPP_UVLOOP,
             QUIX_EOS,
             QUIX_ALO,
             QUIX_EQUAL_EOS,
@@ -136,6 +139,7 @@ WORKLOADS = (
             RAW_DEFAULT,
             RAW_TUNED,
             STREAMAPP,
+            STREAMAPP_UVLOOP,
             QUIX_ALO,
             QUIX_EOS,
             QUIX_EQUAL_ALO,
@@ -161,7 +165,7 @@ WORKLOADS = (
         (RAW_DEFAULT, RAW_TUNED, STREAMAPP, QUIX_ALO, QUIX_EQUAL_ALO, BYTEWAX_RECOVERY),
     ),
 )
-OWN_KINDS = ("streamapp", "streamapp-dict", "streamapp-typed")
+OWN_KINDS = ("streamapp", "streamapp-uvloop", "streamapp-dict", "streamapp-typed")
 
 
 def chosen_workloads(args: argparse.Namespace) -> tuple[Workload, ...]:

@@ -50,6 +50,7 @@ from agents.orders import project_order_status  # noqa: E402
 from streamapp import App, Event, EventTypes, Park, TableView  # noqa: E402
 from streamapp.codecs import kafka as codec  # noqa: E402
 from streamapp.kafka.topology import create_topics  # noqa: E402
+from streamapp.loop import run as run_loop  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 
@@ -431,7 +432,7 @@ async def main() -> None:
     )
     parser.add_argument(
         "--one",
-        choices=("raw", "streamapp", "streamapp-dict", "streamapp-typed"),
+        choices=("raw", "streamapp", "streamapp-uvloop", "streamapp-dict", "streamapp-typed"),
         help="one run over --topic",
     )
     parser.add_argument("--topic", help="with --one: an existing topic of --events events")
@@ -525,4 +526,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    # ``--one streamapp-uvloop``: the run's loop is uvloop, as setting event_loop="uvloop"
+    # makes ``streamapp worker``'s (streamapp.loop)
+    run_loop(main(), "uvloop" if "streamapp-uvloop" in sys.argv else "asyncio")

@@ -12,6 +12,7 @@ import click
 from .. import logs
 from ..app import App
 from ..errors import ConfigError, StreamappError
+from ..loop import run as run_loop
 from ..transport import transports
 from .main import app_option, load_app, loglevel_option, main
 
@@ -91,7 +92,7 @@ def forward(
             finally:
                 await es.close()
 
-        asyncio.run(run())
+        run_loop(run(), settings.event_loop)
     except StreamappError as exc:
         raise click.ClickException(str(exc)) from exc
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ import click
 
 from .. import logs
 from ..errors import StreamappError
+from ..loop import run as run_loop
 from .main import app_option, load_app, loglevel_option, main
 
 
@@ -40,6 +40,6 @@ def worker(
         async def run() -> None:
             await Worker(app, settings, app_ref).run()
 
-        asyncio.run(run())
+        run_loop(run(), settings.event_loop)
     except StreamappError as exc:
         raise click.ClickException(str(exc)) from exc
