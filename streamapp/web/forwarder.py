@@ -129,7 +129,7 @@ def make_app(forwarder: Forwarder, token: str | None) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return json_response(asdict(await snapshot(forwarder)))
 
-    app = web.Application(middlewares=[security.json_errors, security.bearer(token)])
+    app = web.Application(middlewares=security.middlewares(token))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/status", status)

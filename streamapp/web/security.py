@@ -26,6 +26,12 @@ OPEN_PATHS = frozenset({"/healthz", "/"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def middlewares(token: str | None) -> list[Middleware]:
+    """A worker's middlewares: JSON errors, and the token check when ``token`` is set
+    (without one it would pass every request on: a layer less for each to go through)."""
+    return [json_errors, bearer(token)] if token else [json_errors]
+
+
 def bearer(token: str | None) -> Middleware:
     """Refuses requests without the token (401) when ``token`` is set."""
     expected = token.encode() if token else None

@@ -42,9 +42,11 @@ import orjson
 from aiohttp import web
 
 from ..engine.assignment import Assignment
-from ..engine.served import phase_of, serving_tables
+from ..engine.phase import Phase
+from ..engine.served import lane_of, lane_phase, phase_of, serving_tables
 from ..engine.task import PartitionTask
 from ..errors import StoreError
+from ..partitioner import partition_for
 from ..tables.partition import PartitionTables
 from ..tables.table import JsonCodec, Table, scan
 from .forward import FORWARDED, ask_owner, forward
@@ -60,6 +62,9 @@ VERSION_HEADER = "Streamapp-Table-Version"
 """The table version that served an answer, or would serve it (200s, 404s, 503s)."""
 SCAN_LIMIT = 100
 SCAN_LIMIT_MAX = 1000
+PARTITION_CACHE_KEYS = 10_000
+"""The partitions of this many keys asked lately are remembered (murmur2 in Python is
+about 1.5 us a short key); past that the memory starts again, empty."""
 
 
 def add_routes(
@@ -69,23 +74,38 @@ def add_routes(
     history: Callable[[], dict[str, object]] | None = None,
 ) -> None:
     declared = assignment.app.tables
+    tables = {(t.name, t.version): t for _, t in declared.values()}
+    table_names = sorted({name for name, _ in tables})
+    lowest_of = {
+        name: min((t for (n, _), t in tables.items() if n == name), key=lambda t: t.version)
+        for name in table_names
+    }
     routes = VersionRoutes(assignment, worker_id)
+    topics = {label: agent.topic for label, (agent, _) in declared.items()}
+    partitions_of: dict[int, dict[str, int]] = {}
+    """Per partition count, the partitions of keys asked lately."""
+
+    def owner_of(label: str, key: str) -> tuple[int, PartitionTask | None]:
+        """:meth:`Assignment.owner_of`, with the partitions of recent keys remembered."""
+        topic = topics[label]
+        known = partitions_of.setdefault(topic.partitions, {})
+        partition = known.get(key)
+        if partition is None:
+            if len(known) >= PARTITION_CACHE_KEYS:
+                known.clear()
+            partition = known[key] = partition_for(key.encode(), topic.partitions)
+        return partition, assignment.tasks.get((topic.name, partition))
 
     def names() -> list[str]:
-        return sorted({t.name for _, t in declared.values()})
+        return list(table_names)
 
     def local(name: str, version: int) -> Table[Any] | None:
-        return next(
-            (t for _, t in declared.values() if (t.name, t.version) == (name, version)), None
-        )
+        return tables.get((name, version))
 
     def route(name: str, version: int) -> Table[Any]:
         """The local table whose topic routes keys of ``name`` version ``version``: that
         version's, else the lowest declared here (versions of a table share a topic)."""
-        mine = local(name, version)
-        if mine is not None:
-            return mine
-        return min((t for _, t in declared.values() if t.name == name), key=lambda t: t.version)
+        return tables.get((name, version)) or lowest_of[name]
 
     async def list_tables(request: web.Request) -> web.Response:
         states, known = routes.states()
@@ -127,7 +147,7 @@ def add_routes(
 
     def _name(request: web.Request) -> str:
         name = request.match_info["table"]
-        if name not in names():
+        if name not in lowest_of:
             raise _Answer(error(404, f"no table named {name!r}", tables=names()))
         return name
 
@@ -173,11 +193,12 @@ def add_routes(
 
     def _serving(
         name: str, version: int, key: str, request: web.Request | None = None
-    ) -> tuple[int, PartitionTask, PartitionTables, Table[Any]]:
-        """The live lane of ``version`` owning ``key``, or an _Answer (421, 503, or,
-        given ``request``, the owner's answer to it, forwarded)."""
+    ) -> tuple[int, PartitionTables, Table[Any], str]:
+        """The live lane of ``version`` owning ``key`` (its partition, committed tables,
+        table and phase), or an _Answer (421, 503, or, given ``request``, the owner's
+        answer to it, forwarded)."""
         routing = route(name, version)
-        partition, task = assignment.owner_of(routing.label, key)
+        partition, task = owner_of(routing.label, key)
         if task is None and assignment.rebalancing:
             raise _Answer(
                 unavailable(
@@ -222,18 +243,19 @@ def add_routes(
                 ),
                 version,
             )
-        ptables = serving_tables(task, table)
-        if ptables is None:
-            phase = phase_of(task, table).value
+        # serving_tables() and phase_of(), the lane looked up once
+        lane = lane_of(task, table)
+        phase = task.phase if lane is None else lane_phase(task, lane)
+        if lane is None or lane.tables is None or phase is not Phase.LIVE:
             raise _Answer(
                 unavailable(
-                    f"partition {partition} of table {table.label!r} is {phase}",
+                    f"partition {partition} of table {table.label!r} is {phase.value}",
                     partition=partition,
-                    phase=phase,
+                    phase=phase.value,
                 ),
                 version,
             )
-        return partition, task, ptables, table
+        return partition, lane.tables, table, phase.value
 
     async def get_key(request: web.Request) -> web.Response:
         version: int | None = None
@@ -244,7 +266,7 @@ def add_routes(
             min_version = _int_param(request, "min_version", 0)
             meta = request.query.get("meta", "") not in ("", "0", "false")
             version = _version(request, name)
-            partition, task, ptables, table = _serving(name, version, key, request)
+            partition, ptables, table, phase = _serving(name, version, key, request)
             stream_version = ptables.committed_version(key)
             deadline = time.monotonic() + MIN_VERSION_WAIT_S
             while stream_version < min_version:
@@ -260,7 +282,7 @@ def add_routes(
                         version,
                     )
                 await asyncio.sleep(MIN_VERSION_POLL_S)
-                partition, task, ptables, table = _serving(name, version, key)  # may have moved
+                partition, ptables, table, phase = _serving(name, version, key)  # may have moved
                 stream_version = ptables.committed_version(key)
             raw = ptables.store.get(table.data_space, key.encode())
         except _Answer as answer:
@@ -274,7 +296,6 @@ def add_routes(
         except StoreError as exc:
             return _versioned(_store_failed(name, partition, exc), version)
         checkpoint = ptables.checkpoint.live
-        phase = phase_of(task, table).value
         headers = {
             VERSION_HEADER: str(version),
             "X-Streamapp-Partition": str(partition),

@@ -51,7 +51,7 @@ def make_app(
     async def scrape(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application(middlewares=[security.json_errors, security.bearer(token)])
+    app = web.Application(middlewares=security.middlewares(token))
     app.cleanup_ctx.append(forward.session_ctx)
 
     def last_stall() -> dict[str, object] | None:

@@ -202,3 +202,18 @@ async def test_a_json_value_is_answered_as_its_codec_wrote_it(
         k: v for k, v in zip(keys, VALUES, strict=True) if world.partition_of(k) in world.stores
     }
     assert body == orjson.dumps(orjson.loads(body))
+
+
+async def test_partitions_remembered_are_bounded_and_right(
+    world: World, client: TestClient[object, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(web_tables, "PARTITION_CACHE_KEYS", 3)
+    for _ in range(2):  # the second time: from what is remembered (or forgotten)
+        for i in range(40):
+            key = f"order-{i}"
+            r = await client.get(f"/tables/order_status/{key}")
+            if world.partition_of(key) == 3:  # another worker's
+                assert (r.status, (await r.json())["partition"]) == (421, 3)
+            else:
+                assert r.status == 200
+                assert r.headers["X-Streamapp-Partition"] == str(world.partition_of(key))
