@@ -445,9 +445,11 @@ def add_routes(
         page: list[dict[str, Any]] = body["items"]
         return page
 
-    app.router.add_get("/tables", list_tables)
-    app.router.add_get("/tables/{table}", scan_table)
+    # the key lookup first: aiohttp tries the routes under /tables in this order (none
+    # of the three matches another's paths)
     app.router.add_get("/tables/{table}/{key}", get_key)
+    app.router.add_get("/tables/{table}", scan_table)
+    app.router.add_get("/tables", list_tables)
 
 
 def _answered(table: Table[Any], raw: bytes) -> Any:
