@@ -98,3 +98,23 @@ async def test_restore_applies_committed_batches_only_each_record_once(
     assert fresh.checkpoint.changelog > written.checkpoint.changelog  # past the last abort
     again = await restore(kafka_bootstrap, changelog, fresh, 10.0)
     assert again == 0  # at the end: nothing read twice
+
+    # A new owner: its writer opens (fencing the first), then restores the same state.
+    owner = KafkaTransaction(
+        kafka_bootstrap,
+        f"{changelog.topic}-writer",
+        source,
+        "restore-group",
+        lambda agent: changelog.topic,
+        timeout_s=30,
+        stall_timeout_s=10,
+        retention_ms={},
+    )
+    taken = PartitionTables([TABLE], MemoryStore(spaces_for([TABLE])), 0)
+    await owner.open()
+    try:
+        assert await owner.restore(AGENT, taken) == applied
+        assert dict(taken.views[0].items()) == dict(fresh.views[0].items())
+        assert taken.checkpoint.changelog == fresh.checkpoint.changelog
+    finally:
+        await owner.close()
