@@ -18,7 +18,7 @@ CPU with no lookups (its own background work). The load average is recorded befo
 after. Not a test: nothing asserts a timing.
 
     .venv/bin/python bench/views.py [--seconds 3] [--rounds 3] [--concurrency 1,8]
-                                    [--profile out.txt]
+                                    [--event-loop asyncio|uvloop] [--profile out.txt]
 
 ``--profile OUT`` records the asked worker with ``py-spy`` (``.venv/bin/py-spy``, raw
 folded stacks) during one more local run at the highest concurrency, after the rounds.
@@ -194,7 +194,11 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
     loads: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-views-") as tmp:
-        a, b = (WorkerProc(bootstrap, ns, Path(tmp) / n, Path(tmp) / f"{n}.log") for n in "ab")
+        env = {"STREAMAPP_EVENT_LOOP": args.event_loop}
+        a, b = (
+            WorkerProc(bootstrap, ns, Path(tmp) / n, Path(tmp) / f"{n}.log", extra_env=dict(env))
+            for n in "ab"
+        )
         workers = [a.start()]
         try:
             while await a.status() is None:  # a makes the SQLite event store, then b starts
@@ -274,7 +278,8 @@ async def main(args: argparse.Namespace) -> None:
     figures = summary(results)
     print()
     print(
-        f"views: wrk, {args.seconds:g} s a run, median of {args.rounds} rounds, 2 workers, "
+        f"views: wrk, {args.seconds:g} s a run, median of {args.rounds} rounds, 2 workers "
+        f"({args.event_loop}), "
         f"8 partitions, 1,000 orders; load average before {loads['before']}, "
         f"after {loads['after']}"
     )
@@ -295,6 +300,7 @@ async def main(args: argparse.Namespace) -> None:
             json.dumps(
                 {
                     "client": "wrk",
+                    "event_loop": args.event_loop,
                     "seconds": args.seconds,
                     "rounds": args.rounds,
                     "loadavg": loads,
@@ -316,6 +322,12 @@ if __name__ == "__main__":
         help="comma-separated concurrencies (default 1,8)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument(
+        "--event-loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the workers' setting event_loop (default asyncio)",
+    )
     parser.add_argument(
         "--profile", type=Path, default=None, help="py-spy raw stacks of worker A to this file"
     )
