@@ -40,18 +40,14 @@ topic over each delivery, in registration order; each agent is a :class:`Lane` t
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import retry_chain as chain
-from ..agent import DELIVERED, UNVERSIONED, Agent, Handled, Runner, handle
-from ..errors import DecodeError
-from ..events import Event
-from ..logs import Gate
-from ..outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
+from ..agent import DELIVERED, UNVERSIONED, Agent, Runner, handle
+from ..outcomes import Outcome, Retry
 from ..outputs import Encoder, Outbox, Send
 from ..records import Delivery
 from ..tables.partition import PartitionTables
@@ -60,11 +56,9 @@ from .blocking import HandlerThread
 from .delivery import Decoder, Parker, decode_delivery
 from .interfaces import TaskMetrics
 from .metrics import NO_METRICS
-from .pace import pause
 from .phase import Phase
+from .settle import settle_failed
 from .stall import DOING
-
-log = logging.getLogger("streamapp.agent")
 
 YIELD_EVERY_S = 0.02
 """A batch gives the event loop a turn this often: handlers that never await would
@@ -236,6 +230,8 @@ async def run_lanes(
     chained = len(lanes) > 1 and any(isinstance(lane.agent.on_failure, Retry) for lane in lanes)
     task = asyncio.current_task()
     try:
+        if len(lanes) == 1:
+            return await _run_one(lanes[0], records, decode, budget_s, metrics, run, task)
         return await _run(lanes, records, decode, budget_s, metrics, run, task, chained)
     finally:
         if task is not None:
@@ -291,7 +287,7 @@ async def _run(
                 unversioned[k] += handled is UNVERSIONED
                 reached[k] = position + 1
                 continue
-            settled, handled = await _settled(lane, record, item, handled, counts[k], metrics)
+            settled, handled = await settle_failed(lane, record, item, handled, counts[k], metrics)
             if settled:
                 reached[k] = position + 1
             elif handled.outcome is Outcome.UNAVAILABLE:
@@ -307,145 +303,87 @@ async def _run(
             run.stop = position
             break
     for k, lane in enumerate(lanes):
-        got = counts[k]
-        if delivered[k]:
-            got[Outcome.DELIVERED] = got.get(Outcome.DELIVERED, 0) + delivered[k]
-        for outcome, n in got.items():
-            lane.outcomes[outcome] = lane.outcomes.get(outcome, 0) + n
-        size = sum(got.values())
-        if size:
-            metrics.batch(lane.name, size, spent[k], got)
-        if unversioned[k]:
-            lane.unversioned += unversioned[k]
-            metrics.unversioned(lane.name, unversioned[k])
+        _count(lane, counts[k], delivered[k], unversioned[k], spent[k], metrics)
     return run
 
 
-async def _settled(
+async def _run_one(
     lane: Lane,
-    record: Delivery,
-    item: Event | DecodeError,
-    handled: Handled,
-    counts: dict[Outcome, int],
+    records: Sequence[Delivery],
+    decode: Decoder,
+    budget_s: float,
     metrics: TaskMetrics,
-) -> tuple[bool, Handled]:
-    """Count ``handled`` and apply the lane's policy: whether the delivery is settled
-    for this lane (delivered, filtered, parked with a confirm, or copied by the chain),
-    and the outcome of its last attempt (the chain's inline retries make more)."""
-    counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
-    if handled.outcome.settles:
-        return True, handled
-    agent = lane.agent
-    if handled.outcome is Outcome.REFUSED:
-        _log(agent, record, handled, "the agent stops for good", logging.ERROR)
-        return False, handled
-    if handled.outcome is Outcome.UNAVAILABLE:
-        _log(
-            agent, record, handled, "will deliver it again after a pause", logging.INFO, trace=False
-        )
-        return False, handled
-    metrics.failed_attempts(agent.name, 1)
-    policy: FailurePolicy = agent.on_failure
-    if isinstance(policy, Retry):
-        return await _chain(lane, record, item, handled, counts, metrics, policy)
-    reason, attempt = handled.reason, lane.attempts.before(record) + 1
-    if isinstance(policy, Redeliver) and policy.spent(attempt) and policy.fallback:
-        policy, reason = policy.fallback, f"gave up after {attempt} attempts: {reason}"
-    if isinstance(policy, Park) and await lane.park(record, reason):
-        _log(agent, record, handled, "parked", logging.DEBUG)
-        metrics.parked(agent.name)
-        return True, handled
-    lane.attempts.failed_at(record.position, handled.reason)
-    then = f"will redeliver (attempt {attempt}{_of(agent.on_failure)})"
-    _log(agent, record, handled, then, logging.WARNING)
-    return False, handled
-
-
-async def _chain(
-    lane: Lane,
-    record: Delivery,
-    item: Event | DecodeError,
-    handled: Handled,
-    counts: dict[Outcome, int],
-    metrics: TaskMetrics,
-    policy: Retry,
-) -> tuple[bool, Handled]:
-    """The retry chain for a delivery whose first attempt here failed: inline retries,
-    then a copy to the retry topic, or to the dead-letter topic once ``max_reconsume + 1``
-    failures are spent. Not settled when a stop ended an inline wait, a table read
-    became unavailable, or the agent refused (that attempt's outcome is returned).
-    Inline attempts are counted as failed attempts; the delivery's outcome is its last
-    attempt's."""
-    agent = lane.agent
-    failures, hop = chain.chain_state(record.headers)
-    failures += 1
-    limit = policy.max_reconsume + 1
-    for n, interval in enumerate(policy.intervals, 1):
-        if failures >= limit:
-            break
-        _log(agent, record, handled, f"inline retry {n} in {interval:g}s", logging.WARNING)
-        if lane.waits:
-            await pause(lane.stop, interval)
-        if lane.stop.is_set():
-            _log(agent, record, handled, "stopping: left unsettled", logging.INFO, trace=False)
-            return False, handled
-        first = handled.outcome
-        handled = await handle(
-            agent, item, lane.tables, lane.views, lane.outbox, lane.send, lane.run
-        )
-        if handled.outcome.settles:  # the delivery's outcome is its last attempt's
-            counts[first] -= 1
-            counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
-            return True, handled
-        if handled.outcome is Outcome.REFUSED:
-            _log(agent, record, handled, "the agent stops for good", logging.ERROR)
-            return False, handled
+    run: Run,
+    task: asyncio.Task[Any] | None,
+) -> Run:
+    """:func:`_run` for one lane (no copies of other agents to tell apart): the same
+    outcomes and stops, fewer calls per delivery; ``spent`` is the whole run's time."""
+    started = now = time.monotonic()
+    deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
+    counts: dict[Outcome, int] = {}
+    delivered = unversioned = 0
+    doing: dict[Any, Any] = DOING if task is not None else {}
+    agent, tables, views, outbox, send, runner = (
+        lane.agent, lane.tables, lane.views, lane.outbox, lane.send, lane.run
+    )  # fmt: skip
+    reached = run.reached[0]
+    for i, record in enumerate(records):
+        if i:
+            now = time.monotonic()
+            if now > deadline:
+                run.stop = record.position  # out of time
+                break
+            if now > next_yield:  # let heartbeats, views and other partitions in
+                await asyncio.sleep(0)
+                next_yield = time.monotonic() + YIELD_EVERY_S
+        position = record.position
+        if reached > position:
+            continue  # settled already
+        item = decode_delivery(decode, record)
+        doing[task] = (lane.name, record, item)  # what the stall watch names
+        handled = await handle(agent, item, tables, views, outbox, send, runner)
+        if handled is DELIVERED or handled is UNVERSIONED:
+            delivered += 1
+            if handled is UNVERSIONED:
+                unversioned += 1
+            reached = position + 1
+            continue
+        settled, handled = await settle_failed(lane, record, item, handled, counts, metrics)
+        if settled:
+            reached = position + 1
+            continue
         if handled.outcome is Outcome.UNAVAILABLE:
-            return False, handled
-        failures += 1
-        metrics.failed_attempts(agent.name, 1)
-    retry_topic = policy.retry_topic(record.topic)
-    if failures < limit and retry_topic is not None:
-        copy = chain.retry_copy(record, policy, agent.name, failures, hop, lane.clock() * 1000)
-        kind, then = "retried", f"copied to {retry_topic} (failure {failures} of {limit})"
-    else:
-        reason = f"failed {failures} times: {handled.reason}"
-        copy = chain.dead_letter(record, policy, agent.name, failures, hop, reason)
-        kind, then = "dead_lettered", f"dead-lettered to {copy.topic} after {failures} failures"
-    assert lane.outbox is not None
-    lane.outbox.settle(copy)
-    lane.copies[kind] = lane.copies.get(kind, 0) + 1
-    hop_key = (kind, chain.hop_of(copy.headers))
-    lane.hops[hop_key] = lane.hops.get(hop_key, 0) + 1
-    _log(agent, record, handled, then, logging.WARNING)
-    return True, handled
+            run.unavailable = True
+        elif handled.outcome is Outcome.REFUSED:
+            run.refused = (
+                f"agent {lane.name!r} refused {record.topic}[{record.partition}]"
+                f"@{record.position}: {handled.reason}"
+            )
+        else:
+            run.failed.append(lane)
+        run.stop = position
+        break
+    run.reached[0] = reached
+    _count(lane, counts, delivered, unversioned, time.monotonic() - started, metrics)
+    return run
 
 
-_TRACEBACKS = Gate(window_s=60.0)
-"""A handler's traceback: the first failure per partition, then one a minute."""
-
-
-def _log(
-    agent: Agent, record: Delivery, handled: Handled, then: str, level: int, *, trace: bool = True
+def _count(
+    lane: Lane,
+    got: dict[Outcome, int],
+    delivered: int,
+    unversioned: int,
+    spent: float,
+    metrics: TaskMetrics,
 ) -> None:
-    """One line per failure; with the traceback the first time per partition (then at
-    most once a minute), so a poison record shows where it failed without flooding."""
-    error = handled.error if trace else None
-    traceback = error is not None and _TRACEBACKS.due((agent.name, record.topic, record.partition))
-    log.log(
-        logging.WARNING if traceback else level,
-        "agent %s: %s[%d]@%d %s (%s); %s",
-        agent.name,
-        record.topic,
-        record.partition,
-        record.position,
-        handled.outcome.value,
-        handled.reason,
-        then,
-        exc_info=error if traceback else None,
-    )
-
-
-def _of(policy: FailurePolicy) -> str:
-    bound = policy.max_attempts if isinstance(policy, Redeliver) else None
-    return "" if bound is None else f" of {bound}"
+    """A run's outcomes of ``lane``, into its counts and the metrics."""
+    if delivered:
+        got[Outcome.DELIVERED] = got.get(Outcome.DELIVERED, 0) + delivered
+    for outcome, n in got.items():
+        lane.outcomes[outcome] = lane.outcomes.get(outcome, 0) + n
+    size = sum(got.values())
+    if size:
+        metrics.batch(lane.name, size, spent, got)
+    if unversioned:
+        lane.unversioned += unversioned
+        metrics.unversioned(lane.name, unversioned)
