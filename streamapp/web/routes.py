@@ -65,8 +65,8 @@ class VersionRoutes:
 
     def _read_inputs(self) -> tuple[Any, ...]:
         """What ``group_states`` reads, a building version's progress aside: the owned
-        partitions' lanes (each with its phase and stores), the retirements, the other
-        members' records (None: not read yet) and, last, the latch."""
+        partitions' lanes (each one's agent, phase, and whether its stores are open), the
+        retirements, the other members' records (None: not read yet) and, last, the latch."""
         assignment = self.assignment
         directory = assignment.directory
         if directory is not self._directory:  # a Protocol's isinstance is slow: once each
@@ -75,8 +75,10 @@ class VersionRoutes:
         others = cast(TablesDirectory, directory).member_tables() if self._carries_tables else ()
         if others is not None:
             others = tuple(others)  # a copy: a directory may edit the list it gave
+        # what local_tables() reads of a lane: which tables it writes (its agent's), its
+        # phase, whether its stores are open; no partition's objects are held meanwhile
         lanes = [
-            (key, lane, lane.phase, lane.tables)
+            (key, lane.agent, lane.phase, lane.tables is None)
             for key, task in assignment.tasks.items()
             for lane in task.lanes
         ]

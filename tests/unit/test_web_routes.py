@@ -174,3 +174,22 @@ async def test_a_record_list_edited_in_place_is_seen(clients: list[Client]) -> N
     assert await _version(client, world, 0) == (200, "1")
     directory.records[0] = _old_code(2, 3)
     assert await _version(client, world, 0) == (200, "2")
+
+
+async def test_partitions_swapped_between_lookups_are_seen(clients: list[Client]) -> None:
+    """As many lanes as before, in the same phases, but of other partitions: the
+    partitions are among what is compared."""
+    world = await _world([0, 1, 2])
+    other = MemberTables(
+        "other",
+        (
+            Declared("order_status", 1, 4, frozenset({2})),
+            Declared("order_status", 2, 4, frozenset({2})),
+        ),
+    )
+    world.assignment.directory = Records(other)
+    client = await _client(world, clients)
+    assert await _version(client, world, 0) == (200, "1")  # v2 not live on partition 3
+    await world.own([3])
+    del world.assignment.tasks[(world.agent.topic.name, 2)]  # 2 given up, 3 taken
+    assert await _version(client, world, 0) == (200, "2")  # v2 live on 0, 1, 3 and 2
