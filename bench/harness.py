@@ -102,7 +102,7 @@ RAW_DEFAULT = Contender("raw-default", "raw")
 RAW_TUNED = Contender("raw-tuned", "raw", fetch="tuned")
 CEILING = RAW_TUNED.name
 STREAMAPP = Contender("streamapp", "streamapp")
-STREAMAPP_UVLOOP = Contender("streamapp uvloop", "streamapp-uvloop")
+UVLOOP_CONTENDER = Contender("streamapp uvloop", "streamapp-uvloop")
 """streamapp with setting event_loop="uvloop" (the uvloop extra)."""
 QUIX_EOS = Contender("Quix exactly-once", "quix", ("--exactly-once",))
 QUIX_ALO = Contender("Quix at-least-once", "quix")
@@ -123,7 +123,7 @@ WORKLOADS = (
             RAW_DEFAULT,
             RAW_TUNED,
             STREAMAPP,
-            STREAMAPP_UVLOOP,
+            UVLOOP_CONTENDER,
             QUIX_EOS,
             QUIX_ALO,
             QUIX_EQUAL_EOS,
@@ -139,7 +139,7 @@ WORKLOADS = (
             RAW_DEFAULT,
             RAW_TUNED,
             STREAMAPP,
-            STREAMAPP_UVLOOP,
+            UVLOOP_CONTENDER,
             QUIX_ALO,
             QUIX_EOS,
             QUIX_EQUAL_ALO,
