@@ -8,7 +8,8 @@ from typing import Any
 import msgspec
 
 from ..tables.table import Table
-from .tables import MAX_KEY_BYTES, MIN_VERSION_WAIT_S, SCAN_LIMIT, SCAN_LIMIT_MAX, VERSION_HEADER
+from .responses import VERSION_HEADER
+from .tables import MAX_KEY_BYTES, MIN_VERSION_WAIT_S, SCAN_LIMIT, SCAN_LIMIT_MAX
 
 TABLE_VERSION = {
     VERSION_HEADER: {

@@ -32,8 +32,6 @@ whose lane of that version is not live answers 503 + Retry-After.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,9 +46,18 @@ from ..engine.task import PartitionTask
 from ..errors import StoreError
 from ..partitioner import partition_for
 from ..tables.partition import PartitionTables
-from ..tables.table import JsonCodec, Table, scan
+from ..tables.table import Table, scan
+from .cursor import decode_cursor, encode_cursor
 from .forward import FORWARDED, ask_owner, forward
-from .responses import error, json_response, unavailable
+from .responses import (
+    VERSION_HEADER,
+    error,
+    json_response,
+    store_failed,
+    stored_answer,
+    unavailable,
+    versioned,
+)
 from .routes import VersionRoutes
 
 MAX_KEY_BYTES = 1024
@@ -58,7 +65,6 @@ MAX_KEY_BYTES = 1024
 MIN_VERSION_WAIT_S = 5.0
 """How long ``?min_version=`` waits for the key's stream version."""
 MIN_VERSION_POLL_S = 0.02
-VERSION_HEADER = "Streamapp-Table-Version"
 """The table version that served an answer, or would serve it (200s, 404s, 503s)."""
 SCAN_LIMIT = 100
 SCAN_LIMIT_MAX = 1000
@@ -271,7 +277,7 @@ def add_routes(
             deadline = time.monotonic() + MIN_VERSION_WAIT_S
             while stream_version < min_version:
                 if time.monotonic() >= deadline:
-                    return _versioned(
+                    return versioned(
                         unavailable(
                             f"key {key!r} of table {name!r} is at stream version "
                             f"{stream_version}, not yet {min_version} "
@@ -286,15 +292,15 @@ def add_routes(
                 stream_version = ptables.committed_version(key)
             raw = ptables.store.get(table.data_space, key.encode())
         except _Answer as answer:
-            return _versioned(answer.response, answer.version)
+            return versioned(answer.response, answer.version)
         except _Forward as fwd:
             assert version is not None
             answered = await forward(
                 request, fwd.owner, fwd.partition, MIN_VERSION_WAIT_S + 5, version=version
             )
-            return _versioned(answered, version)
+            return versioned(answered, version)
         except StoreError as exc:
-            return _versioned(_store_failed(name, partition, exc), version)
+            return versioned(store_failed(name, partition, exc), version)
         checkpoint = ptables.checkpoint.live
         headers = {
             VERSION_HEADER: str(version),
@@ -307,7 +313,7 @@ def add_routes(
             resp = error(404, f"key {key!r} not found in table {table.label!r}")
             resp.headers.update(headers)
             return resp
-        value = _answered(table, raw)
+        value = stored_answer(table, raw)
         if not meta:
             return json_response(value, 200, **headers)
         return json_response(
@@ -338,7 +344,10 @@ def add_routes(
             limit = _int_param(request, "limit", SCAN_LIMIT)
             if not 1 <= limit <= SCAN_LIMIT_MAX:
                 raise _Answer(error(400, f"limit must be between 1 and {SCAN_LIMIT_MAX}"))
-            start_p, after = _decode_cursor(request.query.get("cursor"))
+            try:
+                start_p, after = decode_cursor(request.query.get("cursor"))
+            except ValueError:
+                raise _Answer(error(400, "cursor is not one this worker gave")) from None
             version = _version(request, name)
             agent, _ = declared[route(name, version).label]
             count = agent.topic.partitions
@@ -362,10 +371,10 @@ def add_routes(
                 covered.append(p)
                 items += got[:want]
                 if len(got) > want or len(items) == limit:
-                    cursor = _encode_cursor(p, items[-1]["key"].encode())
+                    cursor = encode_cursor(p, items[-1]["key"].encode())
                     break
         except _Answer as answer:
-            return _versioned(answer.response, answer.version)
+            return versioned(answer.response, answer.version)
         return json_response(
             {
                 "table": name,
@@ -414,9 +423,9 @@ def add_routes(
                     limit=want + 1,
                 )
             except StoreError as exc:
-                raise _Answer(_store_failed(name, p, exc), version) from exc
+                raise _Answer(store_failed(name, p, exc), version) from exc
             return [
-                {"key": k.decode(), "value": _answered(table, raw), "partition": p}
+                {"key": k.decode(), "value": stored_answer(table, raw), "partition": p}
                 for k, raw in rows
             ]
         if "only" in request.query or FORWARDED in request.headers:
@@ -437,7 +446,7 @@ def add_routes(
             "version": str(version),
         }
         if after is not None:
-            query["cursor"] = _encode_cursor(p, after)
+            query["cursor"] = encode_cursor(p, after)
         answer = await ask_owner(request, owner, f"/tables/{name}", query, p)
         if answer.status != 200 or answer.body is None:
             raise _Answer(answer, version)
@@ -450,33 +459,6 @@ def add_routes(
     app.router.add_get("/tables/{table}/{key}", get_key)
     app.router.add_get("/tables/{table}", scan_table)
     app.router.add_get("/tables", list_tables)
-
-
-def _answered(table: Table[Any], raw: bytes) -> Any:
-    """A stored value as the answer's JSON writes it: a JSON table's own bytes as they
-    are (its codec wrote them with ``orjson.dumps``, which writes what it reads back
-    byte for byte: decoding and encoding them again would give the same bytes), any
-    other codec's value decoded (``msgspec`` writes typed values as JSON)."""
-    if type(table.codec) is JsonCodec:
-        return orjson.Fragment(raw)
-    return table.codec.loads(raw)
-
-
-def _versioned(response: web.Response, version: int | None) -> web.Response:
-    """``response`` with the table version that served it (or would): the owner's, when
-    forwarded."""
-    if version is not None and VERSION_HEADER not in response.headers:
-        response.headers[VERSION_HEADER] = str(version)
-    return response
-
-
-def _store_failed(table: str, partition: int, exc: StoreError) -> web.Response:
-    """503 for a read its store failed: never a 500, never a value from a damaged store
-    (a corrupt one told its partition task, which rebuilds it meanwhile)."""
-    return unavailable(
-        f"partition {partition} of table {table!r} cannot be read now: {exc}",
-        partition=partition,
-    )
 
 
 class _Answer(Exception):
@@ -513,18 +495,3 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
     if value < 0:
         raise _Answer(error(400, f"{name} must not be negative"))
     return value
-
-
-def _encode_cursor(partition: int, key: bytes) -> str:
-    raw = orjson.dumps({"p": partition, "k": key.hex()})
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str | None) -> tuple[int, bytes | None]:
-    if not cursor:
-        return 0, None
-    try:
-        body = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return int(body["p"]), bytes.fromhex(body["k"])
-    except (ValueError, KeyError, TypeError, binascii.Error, orjson.JSONDecodeError):
-        raise _Answer(error(400, "cursor is not one this worker gave")) from None
