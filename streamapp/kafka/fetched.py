@@ -77,3 +77,8 @@ def as_deliveries(records: Sequence[Any]) -> Sequence[Delivery]:
     return [
         DeliveryRecord(r.topic, r.partition, r.offset, r.key, r.value, r.headers) for r in records
     ]
+
+
+def position_of(record: Any) -> int:
+    """The offset of a fetched record, a delivery or a ``ConsumerRecord``."""
+    return int(record.position if type(record) is DeliveryRecord else record.offset)

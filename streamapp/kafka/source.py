@@ -39,7 +39,7 @@ from ..tables.store import Store, rocks_opener
 from ..topics import TopicSpec
 from .commits import FLUSH_TIMEOUT_S, OffsetCommits
 from .connection import with_startup_retry
-from .fetched import as_deliveries, deliver_records
+from .fetched import as_deliveries, deliver_records, position_of
 from .members import Generation
 from .port import KafkaPartitionPort
 from .sink import KafkaSink
@@ -197,7 +197,7 @@ class KafkaSource:
             for tp, records in fetched.items():
                 task = tasks.get((tp.topic, tp.partition))
                 if task is None:  # fetched before the listener made its task
-                    self._rewind_unowned(tp, records[0].offset)
+                    self._rewind_unowned(tp, position_of(records[0]))
                 elif task.accepting:
                     task.feed(as_deliveries(records), prefetch=True)
                 elif task.queueing:  # fetched while its batch runs: the next batch

@@ -15,7 +15,12 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
 
-from streamapp.kafka.fetched import _DeliveryRecords, as_deliveries, deliver_records
+from streamapp.kafka.fetched import (
+    _DeliveryRecords,
+    as_deliveries,
+    deliver_records,
+    position_of,
+)
 from streamapp.records import DeliveryRecord
 
 TP = TopicPartition("orders", 3)
@@ -53,6 +58,7 @@ def test_records_read_as_deliveries_carry_what_consumer_records_carry() -> None:
         assert (d.topic, d.partition, d.key, d.value) == (r.topic, r.partition, r.key, r.value)
         assert d.headers == r.headers
     assert list(as_deliveries(delivered)) == delivered  # no copy
+    assert [position_of(r) for r in delivered] == [position_of(r) for r in plain] == [12, 13, 14]
     copied = as_deliveries(plain)
     assert list(copied) == delivered
 
