@@ -114,6 +114,15 @@ class Settings:
     warns; ``reject`` fails the send (the handler's failure policy applies); ``relay``
     holds it in ``{topic}-delay`` until due, and the relay republishes it."""
     max_batch_records: int = 5000
+    fetch_max_records: int = 10_000
+    """The most records one poll of the Kafka consumer hands out (aiokafka's
+    ``max_poll_records``), all partitions together."""
+    max_partition_fetch_bytes: int = 8 * 1024 * 1024
+    """The most bytes one fetch brings of one partition (aiokafka's, default 1 MiB): a
+    partition's next batch arrives in one round trip while its batch runs."""
+    fetch_max_bytes: int = 64 * 1024 * 1024
+    """The most bytes one fetch brings, all partitions together (the broker caps it at its
+    own ``fetch.max.bytes``, 55 MiB by default)."""
     batch_budget_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
     session_timeout_ms: int = 10_000
@@ -258,6 +267,9 @@ class Settings:
             "poll_timeout_ms",
             "redeliver_backoff_max_ms",
             "max_batch_records",
+            "fetch_max_records",
+            "max_partition_fetch_bytes",
+            "fetch_max_bytes",
             "batch_budget_ms",
             "max_poll_interval_ms",
             "session_timeout_ms",

@@ -317,8 +317,10 @@ async def _run_one(
     task: asyncio.Task[Any] | None,
 ) -> Run:
     """:func:`_run` for one lane (no copies of other agents to tell apart): the same
-    outcomes and stops, fewer calls per delivery; ``spent`` is the whole run's time."""
+    outcomes and stops, fewer calls per delivery. Its ``spent`` is the run's time but the
+    turns it gives the loop and its failure policy's (a park, an inline retry)."""
     started = now = time.monotonic()
+    elsewhere = 0.0
     deadline, next_yield = now + budget_s, now + YIELD_EVERY_S
     counts: dict[Outcome, int] = {}
     delivered = unversioned = 0
@@ -335,7 +337,9 @@ async def _run_one(
                 break
             if now > next_yield:  # let heartbeats, views and other partitions in
                 await asyncio.sleep(0)
-                next_yield = time.monotonic() + YIELD_EVERY_S
+                next_yield = time.monotonic()
+                elsewhere += next_yield - now
+                next_yield += YIELD_EVERY_S
         position = record.position
         if reached > position:
             continue  # settled already
@@ -348,7 +352,9 @@ async def _run_one(
                 unversioned += 1
             reached = position + 1
             continue
+        policy_started = time.monotonic()
         settled, handled = await settle_failed(lane, record, item, handled, counts, metrics)
+        elsewhere += time.monotonic() - policy_started
         if settled:
             reached = position + 1
             continue
@@ -364,7 +370,8 @@ async def _run_one(
         run.stop = position
         break
     run.reached[0] = reached
-    _count(lane, counts, delivered, unversioned, time.monotonic() - started, metrics)
+    spent = time.monotonic() - started - elsewhere
+    _count(lane, counts, delivered, unversioned, spent, metrics)
     return run
 
 

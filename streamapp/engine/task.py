@@ -361,7 +361,8 @@ class PartitionTask:
             if self._phase is not Phase.LIVE or self._reseek:
                 break
             deliveries = self.ahead.take()
-        if wait_s or self.ahead.waiting or self.joining or self.state.damaged:
+        stopped = self._phase is not Phase.LIVE  # lost, failed or closed: stays paused
+        if wait_s or self.ahead.waiting or self.joining or self.state.damaged or stopped:
             self._hold()
         self.ahead.taking = False
         if self.state.damaged:

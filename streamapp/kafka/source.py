@@ -112,6 +112,9 @@ class KafkaSource:
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             rebalance_timeout_ms=settings.rebalance_timeout_ms,
             isolation_level="read_committed",  # aborted upstream writes never reach agents
+            max_poll_records=settings.fetch_max_records,
+            max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
+            fetch_max_bytes=settings.fetch_max_bytes,
             partition_assignment_strategy=(assignor,),
         )
         # A revoke flushes them within a quarter of the rebalance timeout (a batch in

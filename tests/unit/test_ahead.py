@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from streamapp import App, Event, Table, TableView
+from streamapp import App, Event, FencedError, Table, TableView
 from streamapp.engine.ahead import Ahead
 from streamapp.engine.task import PartitionTask
 from streamapp.tables.store import Store
@@ -128,3 +128,19 @@ def test_a_source_that_cannot_prefetch_pauses_for_each_batch() -> None:
     ahead.start(prefetch=False)
     assert port.paused
     assert not ahead.taking
+
+
+async def test_a_partition_lost_while_its_batch_runs_is_left_paused() -> None:
+    calls: list[str] = []
+    gate, port, txn = asyncio.Event(), Port(), Transaction()
+    t = await _live(_app(calls, gate), port, txn)
+    t.feed(records("e0", "e1"), prefetch=True)
+    await asyncio.sleep(0)
+    assert not port.paused
+    t._lost(FencedError("another worker took the partition over"))  # e.g. a build fenced
+    gate.set()
+    assert t._batch is not None
+    await t._batch
+    assert port.paused  # not fetched on for a partition this worker gave up
+    assert not t.queueing
+    await t.close()
