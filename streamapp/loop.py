@@ -1,9 +1,11 @@
 """The event loop a worker runs on (setting ``event_loop``): asyncio's own, or uvloop.
 
 uvloop (libuv, in C) runs the same asyncio code with less overhead per callback, socket
-read and timer: on the orders projection it took 8% off the worker's CPU per event. It
-is an extra (``pip install -e '.[uvloop]'``), and asyncio's loop stays the default: the
-setting says which one runs, whatever is installed.
+read and timer. On the orders projection it took 8% off the worker's CPU per event in a
+profile of its own, but in the bench's alternating rounds (``streamapp uvloop``,
+2026-12-03) it was level with asyncio's loop, so asyncio's stays the default. It is an
+extra (``pip install -e '.[uvloop]'``); the setting says which loop runs, whatever is
+installed.
 """
 
 from __future__ import annotations

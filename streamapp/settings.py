@@ -158,8 +158,8 @@ class Settings:
     agent and the record, while the stall lasts and again with its total. 0: off."""
     event_loop: str = "asyncio"
     """The event loop ``streamapp worker`` and ``streamapp forward`` run on: ``asyncio``'s
-    own, or ``uvloop`` (the ``uvloop`` extra; 8% less CPU per event on the orders
-    projection)."""
+    own, or ``uvloop`` (the ``uvloop`` extra; level with asyncio's in the bench's
+    rounds, see :mod:`streamapp.loop`)."""
     gc_threshold: int = 50_000
     """The first-generation threshold of Python's garbage collector while a worker runs
     (``gc.set_threshold``): a batch's records die young instead of filling the oldest
