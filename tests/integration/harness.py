@@ -372,6 +372,23 @@ async def append_to_store(url: str, events: list[Event], chunk: int = 2000) -> N
         await store.close()
 
 
+async def compacted_changelog(bootstrap: str, prefix: str) -> TopicPartition:
+    """A fresh one-partition compacted topic, as a changelog is: its only partition."""
+    import uuid
+
+    from aiokafka.admin import NewTopic
+
+    topic = f"{prefix}{uuid.uuid4().hex[:8]}-changelog"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        compact = {"cleanup.policy": "compact"}
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=compact)])
+    finally:
+        await admin.close()
+    return TopicPartition(topic, 0)
+
+
 async def topic_size(bootstrap: str, topic: str) -> int:
     """Records in ``topic`` (sum of end offsets; no transactions on source topics)."""
     from aiokafka import AIOKafkaConsumer

@@ -3,12 +3,10 @@ record once, across fetches and writes of any size."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, cast
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamapp import Table
 from streamapp.kafka import changelog_read, transaction
@@ -16,6 +14,8 @@ from streamapp.kafka.transaction import KafkaTransaction, restore
 from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
+
+from .harness import compacted_changelog
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +25,22 @@ TABLE: Table[int] = Table("rows")
 
 @pytest.fixture
 async def changelog(kafka_bootstrap: str) -> TopicPartition:
-    topic = f"restore{uuid.uuid4().hex[:8]}-changelog"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        compact = {"cleanup.policy": "compact"}
-        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=compact)])
-    finally:
-        await admin.close()
-    return TopicPartition(topic, 0)
+    return await compacted_changelog(kafka_bootstrap, "restore")
+
+
+def _writer(bootstrap: str, changelog: TopicPartition, source: TopicPartition) -> KafkaTransaction:
+    """The transactional writer of ``source``'s task (the same id: a second one fences the
+    first) over ``changelog``."""
+    return KafkaTransaction(
+        bootstrap,
+        f"{changelog.topic}-writer",
+        source,
+        "restore-group",
+        lambda agent: changelog.topic,
+        timeout_s=30,
+        stall_timeout_s=10,
+        retention_ms={},
+    )
 
 
 async def _aborted(bootstrap: str, tp: TopicPartition, keys: list[str]) -> None:
@@ -63,16 +70,7 @@ async def test_restore_applies_committed_batches_only_each_record_once(
         monkeypatch.setattr(changelog_read, "PARTITION_FETCH_BYTES", 1)
         monkeypatch.setattr(transaction, "CHUNK", 7)
     source = TopicPartition(f"{changelog.topic}-source", 0)
-    writer = KafkaTransaction(
-        kafka_bootstrap,
-        f"{changelog.topic}-writer",
-        source,
-        "restore-group",
-        lambda agent: changelog.topic,
-        timeout_s=30,
-        stall_timeout_s=10,
-        retention_ms={},
-    )
+    writer = _writer(kafka_bootstrap, changelog, source)
     written = PartitionTables([TABLE], MemoryStore(spaces_for([TABLE])), 0)
     await writer.open()
     try:
@@ -100,16 +98,7 @@ async def test_restore_applies_committed_batches_only_each_record_once(
     assert again == 0  # at the end: nothing read twice
 
     # A new owner: its writer opens (fencing the first), then restores the same state.
-    owner = KafkaTransaction(
-        kafka_bootstrap,
-        f"{changelog.topic}-writer",
-        source,
-        "restore-group",
-        lambda agent: changelog.topic,
-        timeout_s=30,
-        stall_timeout_s=10,
-        retention_ms={},
-    )
+    owner = _writer(kafka_bootstrap, changelog, source)
     taken = PartitionTables([TABLE], MemoryStore(spaces_for([TABLE])), 0)
     await owner.open()
     try:

@@ -3,12 +3,10 @@ task's transactional writer): which kept stores it accepts and why it refuses th
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, cast
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamapp import Table
 from streamapp.kafka.lineage import mismatch
@@ -17,6 +15,8 @@ from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import BatchChanges, PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
 
+from .harness import compacted_changelog
+
 pytestmark = pytest.mark.integration
 
 AGENT = cast(Any, None)  # the writer asks its changelog function only, which ignores it
@@ -24,15 +24,7 @@ AGENT = cast(Any, None)  # the writer asks its changelog function only, which ig
 
 @pytest.fixture
 async def changelog(kafka_bootstrap: str) -> TopicPartition:
-    topic = f"lineage{uuid.uuid4().hex[:8]}-changelog"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        compact = {"cleanup.policy": "compact"}
-        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=compact)])
-    finally:
-        await admin.close()
-    return TopicPartition(topic, 0)
+    return await compacted_changelog(kafka_bootstrap, "lineage")
 
 
 async def check(bootstrap: str, tp: TopicPartition, cp: Checkpoint) -> str | None:
