@@ -21,7 +21,8 @@ from .harness import (
     wait_statuses,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# make acceptance runs it (scripts/acceptance): too heavy for make test on two cores.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.acceptance]
 
 
 async def test_100k_events_while_workers_go_2_3_1(kafka_bootstrap: str, tmp_path: Path) -> None:

@@ -385,7 +385,8 @@ async def _read_exact(workers: list[WorkerProc], expected: dict[str, tuple[int, 
             await asyncio.sleep(1.0)
 
 
-@pytest.mark.timeout(720)  # the forwarder's pace bounds it: ~4 min on a loaded 2-core box
+@pytest.mark.acceptance  # make acceptance: ~4 min on a loaded 2-core box, too heavy for make test
+@pytest.mark.timeout(720)  # the forwarder's pace bounds it
 async def test_orders_100k_via_forwarder_while_workers_go_2_3_1_with_3_sigkills(
     amqp: str, tmp_path: Path
 ) -> None:

@@ -17,7 +17,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from .harness import StreamappProc, WorkerProc
 from .versions_world import APP, Deployment, deploy_v2_and_retire_v1
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
+# make acceptance runs it (scripts/acceptance): too heavy for make test on two cores.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.acceptance]
 
 
 def _deployment(bootstrap: str, tmp_path: Path, n_workers: int = 3) -> tuple[Deployment, str]:

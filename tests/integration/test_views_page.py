@@ -30,9 +30,11 @@ def chromium() -> str:
     path = shutil.which("chromium")
     if path is None:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env,
-                       timeout=1200)  # fmt: skip
+        apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]  # waits for another apt-get
+        subprocess.run([*apt, "update", "-qq"], check=True, env=env, timeout=600)
+        subprocess.run(
+            [*apt, "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=1200
+        )
         path = shutil.which("chromium")
     assert path is not None, "chromium is not installed and apt-get could not install it"
     return path
