@@ -15,6 +15,7 @@ from .errors import ConfigError
 from .events import Event
 from .history import History
 from .outcomes import FailurePolicy, Redeliver, Retry, parking
+from .partitioner import partitioner_of
 from .repartition import check_key_function, forwarder_name, forwarding_handler
 from .settings import Settings, check_setting_names
 from .tables.table import Table
@@ -62,20 +63,35 @@ class App:
         format: str = "cloudevents",
         type_field: str | None = None,
         stream_id_field: str | None = None,
+        partitioner: str = "murmur2",
     ) -> TopicSpec:
         """Declare a topic the app reads or sends to (declaring it again returns the same
         spec). ``format="json"`` or ``"raw"``: its records are plain values with a key,
         not CloudEvents (:mod:`streamapp.codecs.plain`); with JSON, ``type_field`` and
         ``stream_id_field`` name the value's fields that give the event's type and
-        stream id (else the topic's name and the record's key)."""
-        spec = TopicSpec(name, partitions, topic_format(name, format), type_field, stream_id_field)
+        stream id (else the topic's name and the record's key).
+
+        ``partitioner`` names how the topic's producers place a key: ``"murmur2"``
+        (Kafka's default: the Java client, Quix Streams, kafkajs, streamapp itself) or
+        ``"crc32"`` (librdkafka's default: confluent-kafka, kcat, librdkafka clients in
+        Go, C, .NET, Node). The table write check, view routing, the event-store replay
+        and the sinks place the topic's keys by it (:mod:`streamapp.partitioner`)."""
+        spec = TopicSpec(
+            name,
+            partitions,
+            topic_format(name, format),
+            type_field,
+            stream_id_field,
+            partitioner_of(name, partitioner),
+        )
         known = self.topics.get(name)
         if known is not None:
             if known.partitions != partitions:
                 raise ConfigError(f"topic {name!r} declared twice with different partition counts")
             if known != spec:
                 raise ConfigError(
-                    f"topic {name!r} declared twice with different formats or fields: "
+                    f"topic {name!r} declared twice with different formats, fields or "
+                    "partitioners: "
                     f"{_shape(known)} and {_shape(spec)}"
                 )
             return known
@@ -148,7 +164,7 @@ class App:
           writing it beside the agent writing version 1, on the same topic, is how a
           projection changes with no downtime, docs/changing-a-projection.md);
         - a table in ``reads`` that no agent registered so far owns, or whose agent's
-          topic has another partition count (not co-partitioned);
+          topic has another partition count or partitioner (not co-partitioned);
         - a ``group_by`` that is not a function, ``group_by_partitions`` without
           ``group_by`` or below 1, ``group_by`` with ``history`` (the store is replayed
           by stream id), or a repartition topic name the app declares itself.
@@ -321,6 +337,16 @@ class App:
                     "writes it (tables=[...]) first"
                 )
             writer = owner[0]
+            if writer.topic.partitioner is not topic.partitioner:
+                raise ConfigError(
+                    f"agent {agent!r} (topic {topic.name!r}, partitioner="
+                    f"{topic.partitioner.value!r}) cannot read table {table.name!r} of agent "
+                    f"{writer.name!r} (topic {writer.topic.name!r}, partitioner="
+                    f"{writer.topic.partitioner.value!r}): a table is read in place, partition "
+                    "p by the event of partition p, so a key must belong to the same partition "
+                    "of both topics (co-partitioned). Produce both topics with one partitioner "
+                    "and declare it on both: app.topic(..., partitioner=...)"
+                )
             if writer.topic.partitions != topic.partitions:
                 raise ConfigError(
                     f"agent {agent!r} (topic {topic.name!r}, {topic.partitions} partitions) "
@@ -408,6 +434,7 @@ class App:
 def _shape(spec: TopicSpec) -> str:
     shape = [f"format={spec.format.value!r}"]
     shape += [f"{f}={v!r}" for f in ("type_field", "stream_id_field") if (v := getattr(spec, f))]
+    shape.append(f"partitioner={spec.partitioner.value!r}")
     return ", ".join(shape)
 
 

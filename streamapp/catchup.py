@@ -36,7 +36,7 @@ from .engine.pace import Pace, pause
 from .engine.provenance import StoreIdentity
 from .engine.replay import Replayed
 from .eventstore.base import EventStoreBackend, StoredRow, display_url
-from .partitioner import partition_for
+from .partitioner import Partitioner, partition_for
 from .records import Headers
 
 log = logging.getLogger("streamapp.catchup")
@@ -46,8 +46,8 @@ HEAD_EVERY_S = 2.5
 """How often the store's head is read again while partitions catch up (for progress)."""
 
 PARTITION_CACHE_STREAMS = 100_000
-"""Stream ids whose partition the replay remembers (per partition count): ~15 MB at
-most, outside ``memory_limit_mb`` (docs/settings.md: Memory)."""
+"""Stream ids whose partition the replay remembers (per partition count and partitioner):
+~15 MB at most, outside ``memory_limit_mb`` (docs/settings.md: Memory)."""
 
 
 class StoreFeed:
@@ -75,7 +75,8 @@ class StoreFeed:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
-        self._partitions: dict[int, dict[str, int]] = {}
+        self._partitions: dict[tuple[int, Partitioner], dict[str, int]] = {}
+        """Per partition count and partitioner, the partitions of stream ids seen lately."""
         self._progress = CatchUpProgress()
         self._ticker: asyncio.Task[None] | None = None
         self._head_read = 0.0
@@ -267,7 +268,7 @@ class StoreFeed:
         self, members: Iterable[Replayed], rows: list[StoredRow], end: int
     ) -> set[Replayed]:
         """Give each member its share of ``rows``; returns the members that failed."""
-        split: dict[int, list[list[int]]] = {}
+        split: dict[tuple[int, Partitioner], list[list[int]]] = {}
         failed: set[Replayed] = set()
         first = rows[0][0] if rows else end
         todo: list[tuple[Replayed, list[int]]] = []
@@ -276,9 +277,10 @@ class StoreFeed:
             if position >= end:
                 continue
             topic = task.topic
-            shares = split.get(topic.partitions)
+            placed = (topic.partitions, topic.partitioner)
+            shares = split.get(placed)
             if shares is None:
-                shares = split[topic.partitions] = self._split(rows, topic.partitions)
+                shares = split[placed] = self._split(rows, *placed)
             share = mine = shares[task.partition]
             if position > first:  # applied in part already (a retry after a failed event)
                 share = share[bisect_left(share, position, key=lambda i: rows[i][0]) :]
@@ -311,10 +313,11 @@ class StoreFeed:
                 del stuck[task]
                 task.stuck(None)
 
-    def _split(self, rows: list[StoredRow], n: int) -> list[list[int]]:
-        """The indexes of ``rows`` by partition among ``n`` (stream ids' partitions
-        cached: murmur2 is ~3 us; at most :data:`PARTITION_CACHE_STREAMS` per ``n``)."""
-        cache = self._partitions.setdefault(n, {})
+    def _split(self, rows: list[StoredRow], n: int, by: Partitioner) -> list[list[int]]:
+        """The indexes of ``rows`` by partition among ``n``, placed by ``by`` (the topic's
+        partitioner, as its live records are; stream ids' partitions cached: murmur2 is
+        ~3 us; at most :data:`PARTITION_CACHE_STREAMS` per ``n`` and ``by``)."""
+        cache = self._partitions.setdefault((n, by), {})
         if len(cache) > PARTITION_CACHE_STREAMS:
             cache.clear()
         get = cache.get
@@ -323,7 +326,7 @@ class StoreFeed:
         for i, (_, sid, _) in enumerate(rows):
             p = get(sid)
             if p is None:
-                p = cache[sid] = partition_for(sid.encode(), n)
+                p = cache[sid] = partition_for(sid.encode(), n, by)
             appends[p](i)
         return shares
 

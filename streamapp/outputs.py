@@ -25,7 +25,6 @@ from typing import Any
 from .codecs import plain
 from .errors import OutputError
 from .events import Event
-from .partitioner import partition_for
 from .records import Message
 from .reserved import first_reserved, suggestion
 from .retry_chain import delayed
@@ -106,7 +105,7 @@ class Send:
                 raise OutputError(f"agent {self._agent!r}: {exc}") from None
         else:
             key, value, headers = self._encode(event)
-        partition = partition_for(sid.encode(), spec.partitions)
+        partition = spec.partition_of(sid.encode())
         message = Message(spec.name, value, key, headers, partition)
         if delay_s is not None and delay_s > 0:
             message = self._delayed(message, event, delay_s)
@@ -166,9 +165,7 @@ class Send:
             raise OutputError(f"agent {self._agent!r} does not declare topic {topic.name!r}")
         raw = key.encode()
         _, value, headers = self._encode(event)
-        self._outbox.add(
-            Message(spec.name, value, raw, headers, partition_for(raw, spec.partitions))
-        )
+        self._outbox.add(Message(spec.name, value, raw, headers, spec.partition_of(raw)))
 
 
 class Outbox:

@@ -1,6 +1,6 @@
 """Topic names and specs: what an app declares and needs, below everything that uses them.
 
-A leaf module (it imports only :mod:`streamapp.errors` and :mod:`streamapp.events`): the
+A leaf module (it imports only :mod:`streamapp.events` and :mod:`streamapp.partitioner`): the
 agent, the app, outputs, re-keying and every transport's topology read these, so none
 of them has to import another for a topic's name or shape.
 """
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .events import Event
+from .partitioner import Partitioner, partition_for, partitioner_of
 
 KeyFunction = Callable[[Event], str]
 """``event -> key``: the new key of an event (a non-empty ``str``; ``group_by=``)."""
@@ -42,19 +43,23 @@ class TopicSpec:
     """A declared topic: its name and partition count (tables are partitioned alike), and
     what its records are: CloudEvents, or plain records (:mod:`streamapp.codecs.plain`)
     whose event type is ``type_field`` of the value (else the topic's name) and whose
-    stream id is ``stream_id_field`` of the value (else the record's key)."""
+    stream id is ``stream_id_field`` of the value (else the record's key).
+    ``partitioner`` is how its producers place a key (:mod:`streamapp.partitioner`):
+    everything that asks which partition a key of this topic belongs to asks it."""
 
     name: str
     partitions: int = 8
     format: TopicFormat = TopicFormat.CLOUDEVENTS
     type_field: str | None = None
     stream_id_field: str | None = None
+    partitioner: Partitioner = Partitioner.MURMUR2
 
     def __post_init__(self) -> None:
         if not self.name or self.partitions < 1:
             raise ValueError(f"topic {self.name!r}: a name and at least one partition are needed")
         fmt = topic_format(self.name, self.format)
         object.__setattr__(self, "format", fmt)  # a str given is kept as its member
+        object.__setattr__(self, "partitioner", partitioner_of(self.name, self.partitioner))
         fields = [f for f in ("type_field", "stream_id_field") if getattr(self, f) is not None]
         if fields and fmt is not TopicFormat.JSON:
             raise ValueError(
@@ -69,6 +74,10 @@ class TopicSpec:
     def plain(self) -> bool:
         """True when its records are not CloudEvents."""
         return self.format is not TopicFormat.CLOUDEVENTS
+
+    def partition_of(self, key: bytes) -> int:
+        """The partition ``key`` belongs to: where the topic's producers put it."""
+        return partition_for(key, self.partitions, self.partitioner)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from typing import Any, Protocol
 
 from ..agent import Agent
 from ..errors import TableUnavailableError
-from ..partitioner import partition_for
 from ..tables.store import Store
 from ..tables.table import Table
 from .interfaces import Directory
@@ -51,7 +50,7 @@ class Assignment:
         """The partition of ``key`` in the table labelled ``table`` (``Table.label``), and
         its task if this worker owns it."""
         agent, _ = self.app.tables[table]
-        partition = partition_for(key.encode(), agent.topic.partitions)
+        partition = agent.topic.partition_of(key.encode())
         return partition, self.tasks.get((agent.topic.name, partition))
 
     def remote_owner(self, table: str, partition: int) -> str | None:

@@ -19,6 +19,7 @@ from ..tables.partition import PartitionTables, spaces_for
 from ..tables.reads import Locator, ReadView
 from ..tables.store import Store, discard
 from ..tables.table import Table
+from ..topics import TopicSpec
 from .interfaces import TaskMetrics, Transaction
 from .lane import Lane
 from .status import TaskCounts
@@ -42,7 +43,7 @@ class PartitionState:
         self,
         lanes: Sequence[Lane],
         partition: int,
-        partitions: int,
+        source: TopicSpec,
         *,
         name: str,
         open_store: StoreOpener | None,
@@ -53,7 +54,8 @@ class PartitionState:
         replayable: bool,
         on_damage: Damaged,
     ) -> None:
-        self.lanes, self.partition, self.partitions = lanes, partition, partitions
+        self.lanes, self.partition, self.source = lanes, partition, source
+        """The lanes' topic: their tables are partitioned like it."""
         self.name, self._open_store, self._transaction = name, open_store, transaction
         self._locate, self._metrics, self._counts = locate, metrics, counts
         self._replayable = replayable
@@ -134,9 +136,7 @@ class PartitionState:
             raise
         try:
             where = self.name if len(self.lanes) == 1 else f"{self.name} of agent {agent.name}"
-            tables = PartitionTables(
-                agent.tables, store, self.partition, self.partitions, where=where
-            )
+            tables = PartitionTables(agent.tables, store, self.partition, self.source, where=where)
         except BaseException as exc:
             if isinstance(exc, StoreCorruptError):
                 self.damaged.setdefault(lane, exc)
@@ -154,7 +154,7 @@ class PartitionState:
             return lane.tables.view(table.label)
         sibling = any(table in other.agent.tables for other in self.lanes)
         locate = self._sibling_store if sibling else self._locate
-        return ReadView(table, self.partition, self.partitions, locate)
+        return ReadView(table, self.partition, self.source, locate)
 
     def _sibling_store(self, table: Table[Any], partition: int) -> Store:
         """The committed store of a table another agent of this task writes (in any

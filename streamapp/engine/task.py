@@ -88,7 +88,7 @@ class PartitionTask:
         self.state: Final = PartitionState(
             self.lanes,
             partition,
-            self.topic.partitions,
+            self.topic,
             name=name,
             open_store=open_store,
             transaction=transaction,

@@ -21,8 +21,10 @@ from aiokafka import AIOKafkaProducer
 from ..engine.interfaces import SinkMetrics
 from ..engine.metrics import NO_SINK_METRICS
 from ..errors import ConfigError, PublishError
+from ..partitioner import Partitioner
 from ..records import Message, Receipt
 from ..reserved import refuse_headers
+from ..topics import TopicSpec
 
 DURABLE: Mapping[str, Any] = {"acks": "all", "enable_idempotence": True}
 """What every streamapp producer uses; :func:`producer_config` refuses anything weaker."""
@@ -66,6 +68,9 @@ class KafkaSink:
     ``options`` are further ``AIOKafkaProducer`` options (e.g. ``compression_type``);
     ``acks`` and ``enable_idempotence`` may only be given at their durable values.
     ``metrics`` counts the messages not confirmed, per topic (``failed``, ``timed_out``).
+    ``topics`` are the app's declared topics: a keyed message without a partition for one
+    of them goes to the partition its partitioner gives (``app.topic(...,
+    partitioner=...)``); aiokafka's own murmur2 places the rest.
     """
 
     def __init__(
@@ -76,6 +81,7 @@ class KafkaSink:
         options: Mapping[str, Any] | None = None,
         metrics: SinkMetrics = NO_SINK_METRICS,
         setting: str = "publish_timeout_s",
+        topics: Mapping[str, TopicSpec] | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.setting = setting
@@ -84,6 +90,13 @@ class KafkaSink:
         self.config = producer_config({"linger_ms": 2, **(options or {})})
         """The producer's options (bootstrap aside), durable ones included."""
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **self.config)
+        self._placed = {
+            name: spec
+            for name, spec in (topics or {}).items()
+            if spec.partitioner is not Partitioner.MURMUR2
+        }
+        """Topics whose keys the sink places itself: their producers' partitioner is not
+        aiokafka's default (murmur2, which places the rest alike)."""
 
     async def start(self) -> None:
         await self._producer.start()
@@ -107,6 +120,7 @@ class KafkaSink:
         ReservedNameError for a chain or ``streamapp-`` header (:mod:`streamapp.reserved`).
         """
         refuse_headers(headers, f"publish to topic {topic!r}")
+        partition = self._partition(topic, key, partition)
         try:
             async with asyncio.timeout(self.timeout_s):  # send() may wait for metadata too
                 fut = await self._producer.send(
@@ -139,7 +153,7 @@ class KafkaSink:
                             m.value,
                             key=m.key,
                             headers=list(m.headers),
-                            partition=m.partition,
+                            partition=self._partition(m.topic, m.key, m.partition),
                         )
                     )
                 metas = await asyncio.gather(*futures)
@@ -152,6 +166,14 @@ class KafkaSink:
                 f"(setting {self.setting}): {exc!r}"
             ) from exc
         return [Receipt(meta.topic, meta.partition, meta.offset) for meta in metas]
+
+    def _partition(self, topic: str, key: bytes | None, partition: int | None) -> int | None:
+        """``partition``, else the key's by ``topic``'s partitioner when it is not
+        aiokafka's (None: aiokafka places it)."""
+        if partition is not None or key is None:
+            return partition
+        spec = self._placed.get(topic)
+        return None if spec is None else spec.partition_of(key)
 
     def _count_unconfirmed(
         self, messages: Sequence[Message], futures: Sequence[asyncio.Future[Any]], outcome: str

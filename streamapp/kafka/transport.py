@@ -54,7 +54,10 @@ class KafkaTransport:
 
     def make_sink(self, app: App, settings: Settings, metrics: SinkMetrics) -> Sink | None:
         return KafkaSink(
-            settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s, metrics=metrics
+            settings.kafka_bootstrap,
+            timeout_s=settings.publish_timeout_s,
+            metrics=metrics,
+            topics=app.topics,
         )
 
     async def connect_sink(self, settings: Settings, sink: Sink) -> None:
@@ -108,7 +111,9 @@ class KafkaTransport:
         self, app: App, settings: Settings
     ) -> tuple[Callable[[], Sink], Encoder] | None:
         def make() -> Sink:
-            return KafkaSink(settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s)
+            return KafkaSink(
+                settings.kafka_bootstrap, timeout_s=settings.publish_timeout_s, topics=app.topics
+            )
 
         return make, codec.encode
 

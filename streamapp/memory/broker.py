@@ -47,7 +47,7 @@ from ..engine.task_config import TaskConfig
 from ..errors import StreamappError
 from ..events import Event
 from ..outcomes import Outcome, Redeliver
-from ..partitioner import partition_for
+from ..partitioner import Partitioner, partition_for
 from ..records import Delivery, DeliveryRecord, Message, Receipt
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
@@ -248,11 +248,15 @@ class MemoryBroker:
         headers: Sequence[tuple[str, bytes]] = (),
         partition: int | None = None,
     ) -> DeliveryRecord:
-        """Append any record, CloudEvent or not, to ``topic``."""
+        """Append any record, CloudEvent or not, to ``topic``: to ``partition``, else a
+        keyed record to the partition the topic's partitioner gives its key (where the
+        topic's producers put it), else to partition 0."""
         partitions = self._topic(topic)
         p = partition if partition is not None else 0
         if partition is None and key is not None:
-            p = partition_for(key, len(partitions))
+            spec = self.app.topics.get(topic)
+            by = Partitioner.MURMUR2 if spec is None else spec.partitioner
+            p = partition_for(key, len(partitions), by)
         record = DeliveryRecord(topic, p, len(partitions[p]), key, value, tuple(headers))
         partitions[p].append(record)
         return record
@@ -459,6 +463,6 @@ class _TableReader:
         return self._table.codec.loads(raw)
 
     def _raw(self, key: str) -> bytes | None:
-        p = partition_for(key.encode(), self._agent.topic.partitions)
+        p = self._agent.topic.partition_of(key.encode())
         store = self._broker._stores.get((self._agent.name, p))
         return None if store is None else store.get(self._table.data_space, key.encode())

@@ -1,11 +1,12 @@
 """RabbitMQ sink: confirmed, mandatory, persistent publishes, routed by partition.
 
 A message for topic ``T`` goes to exchange ``T`` with routing key = the partition of its
-key (:func:`~streamapp.partitioner.partition_for` over ``T``'s partition count), so it
-lands in queue ``T.{p}`` (see :mod:`streamapp.rabbitmq.topology`). The channel has
-publisher confirms and ``on_return_raises`` (an unroutable message is an error, not a
-silent success, PITFALLS.md), every attempt has its own ``message_id``, and every publish
-has a deadline (robust publishes otherwise wait for a reconnection forever).
+key (:func:`~streamapp.partitioner.partition_for` over ``T``'s partition count, by
+``T``'s partitioner), so it lands in queue ``T.{p}`` (see
+:mod:`streamapp.rabbitmq.topology`). The channel has publisher confirms and
+``on_return_raises`` (an unroutable message is an error, not a silent success,
+PITFALLS.md), every attempt has its own ``message_id``, and every publish has a deadline
+(robust publishes otherwise wait for a reconnection forever).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from aiormq.exceptions import ChannelNotFoundEntity
 from ..engine.interfaces import SinkMetrics
 from ..engine.metrics import NO_SINK_METRICS
 from ..errors import PublishError
-from ..partitioner import partition_for
+from ..partitioner import Partitioner, partition_for
 from ..records import Message, Receipt
 from ..reserved import refuse_headers
 from ..settings import Settings
+from ..topics import TopicSpec
 from .connection import connect
 from .wire import to_properties
 
@@ -43,11 +45,15 @@ class RabbitSink:
         *,
         timeout_s: float | None = None,
         metrics: SinkMetrics = NO_SINK_METRICS,
+        topics: Mapping[str, TopicSpec] | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.partitions = dict(partitions)
         """Partition count of each topic this sink may publish to."""
+        self.partitioners = {name: spec.partitioner for name, spec in (topics or {}).items()}
+        """How a message without a partition is placed, per declared topic (``topics``:
+        the app's, ``app.topic(..., partitioner=...)``); murmur2 for the others."""
         self.timeout_s = settings.publish_timeout_s if timeout_s is None else timeout_s
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
@@ -200,7 +206,8 @@ class RabbitSink:
                 f"exchange {topic!r}: the sink does not know its partition count (not a "
                 "topic of this app); declare it in the app"
             )
-        return 0 if key is None else partition_for(key, n)
+        by = self.partitioners.get(topic, Partitioner.MURMUR2)
+        return 0 if key is None else partition_for(key, n, by)
 
     def _error(self, topic: str, routing: int, exc: BaseException) -> PublishError:
 

@@ -58,7 +58,7 @@ class RabbitTransport:
         return "rabbitmq"
 
     def make_sink(self, app: App, settings: Settings, metrics: SinkMetrics) -> Sink | None:
-        return RabbitSink(settings, _partitions(app, settings), metrics=metrics)
+        return RabbitSink(settings, _partitions(app, settings), metrics=metrics, topics=app.topics)
 
     async def connect_sink(self, settings: Settings, sink: Sink) -> None:
         await sink.start()  # the sink retries its own connection at start-up
@@ -117,7 +117,7 @@ class RabbitTransport:
         self, app: App, settings: Settings
     ) -> tuple[Callable[[], Sink], Encoder] | None:
         partitions = _partitions(app, settings)
-        return (lambda: RabbitSink(settings, partitions)), codec.encode
+        return (lambda: RabbitSink(settings, partitions, topics=app.topics)), codec.encode
 
     async def running_workers(self, app: App, settings: Settings) -> list[str]:
         return await running_workers(app, settings)

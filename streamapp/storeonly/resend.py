@@ -27,7 +27,6 @@ from ..engine.task import PartitionTask
 from ..eventstore.base import EventStoreBackend, Resent
 from ..logs import Gate
 from ..outcomes import parking
-from ..partitioner import partition_for
 from ..records import DeliveryRecord
 from ..republish import PARK_AGENT, parked_source, stripped
 
@@ -169,7 +168,7 @@ class ResendFollower:
             if topic is None:
                 _skip(entry, f"its origin topic {source[0]!r} is not a topic of the app")
                 continue
-            task = by_place.get((topic.name, partition_for(parked.key, topic.partitions)))
+            task = by_place.get((topic.name, topic.partition_of(parked.key)))
             if task is None or agent.decode() not in {lane.name for lane in task.lanes}:
                 _skip(entry, f"no agent {agent.decode()!r} of topic {topic.name} parks here")
                 continue

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..topics import TopicSpec
 from .checkpoint import Checkpoint, new_mark
 from .store import Changes, Store
 from .table import Table, TableView
@@ -51,8 +52,9 @@ def decode_version(raw: bytes | None) -> int:
 class PartitionTables:
     """The agent's tables for one partition, as one unit of state.
 
-    ``partitions`` is the source's partition count: with it, a write to a key of another
-    partition raises :class:`~streamapp.errors.ForeignKeyError`.
+    ``source`` is the topic the tables are partitioned like: with it, a write to a key
+    that its partitioner puts on another partition raises
+    :class:`~streamapp.errors.ForeignKeyError`.
     """
 
     def __init__(
@@ -60,16 +62,14 @@ class PartitionTables:
         tables: Sequence[Table[Any]],
         store: Store,
         partition: int,
-        partitions: int | None = None,
+        source: TopicSpec | None = None,
         *,
         where: str = "",
     ) -> None:
         self.tables = list(tables)
         self.store = store
         self.partition = partition
-        self.views: list[TableView[Any]] = [
-            TableView(t, store, partition, partitions) for t in tables
-        ]
+        self.views: list[TableView[Any]] = [TableView(t, store, partition, source) for t in tables]
         self._views_by_label = {view.table.label: view for view in self.views}
         self.checkpoint = Checkpoint.decode(store.get(META, CHECKPOINT_KEY), where)
         self._vbatch: dict[str, int] = {}

@@ -1,17 +1,17 @@
 """Co-partitioned reads: an agent reads another agent's table, never writes it.
 
 An agent lists the table in ``reads=[...]`` (``App.agent`` checks at registration that
-both source topics have the same partition count). Its handler gets a :class:`ReadView`
-of the table's partition with the same number as the event's: the committed state of
-that partition's store on this worker (never the owner's open batch). Partition ``p`` of
-co-partitioned topics is owned by the same worker (Kafka's range assignor, which a
-worker uses when an agent reads another's table; RabbitMQ's membership gives partition
-``p`` of every topic to one member); when the partition is not live here right now
-(restoring, catching up, moving, owned elsewhere), or its store fails (a corrupt block:
-its owner rebuilds it), a read raises
+both source topics have the same partition count and partitioner). Its handler gets a
+:class:`ReadView` of the table's partition with the same number as the event's: the
+committed state of that partition's store on this worker (never the owner's open batch).
+Partition ``p`` of co-partitioned topics is owned by the same worker (Kafka's range
+assignor, which a worker uses when an agent reads another's table; RabbitMQ's membership
+gives partition ``p`` of every topic to one member); when the partition is not live here
+right now (restoring, catching up, moving, owned elsewhere), or its store fails (a
+corrupt block: its owner rebuilds it), a read raises
 :class:`~streamapp.errors.TableUnavailableError` and the event is UNAVAILABLE: tried
-again after a pause, not counted as a failure. A table of another agent of the same
-topic is read in the same partition task, whatever its phase.
+again after a pause, not counted as a failure. A table of another agent of the same topic
+is read in the same partition task, whatever its phase.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Generic
 
-from ..errors import ForeignKeyError, StoreClosedError, StoreError, TableUnavailableError
-from ..partitioner import partition_for
+from ..errors import StoreClosedError, StoreError, TableUnavailableError
+from ..topics import TopicSpec
 from .store import Store
-from .table import Table, V, scan
+from .table import Table, V, foreign_key, scan
 
 Locator = Callable[[Table[Any], int], Store]
 """The committed store of a table's partition on this worker; raises
@@ -32,11 +32,11 @@ TableUnavailableError when this worker does not serve it right now."""
 class ReadView(Generic[V]):
     """One partition of another agent's table, read-only, committed state."""
 
-    __slots__ = ("_locate", "_partitions", "codec", "partition", "table")
+    __slots__ = ("_locate", "codec", "partition", "source", "table")
 
-    def __init__(self, table: Table[V], partition: int, partitions: int, locate: Locator) -> None:
+    def __init__(self, table: Table[V], partition: int, source: TopicSpec, locate: Locator) -> None:
         self.table, self.codec = table, table.codec
-        self.partition, self._partitions = partition, partitions
+        self.partition, self.source = partition, source
         self._locate = locate
 
     def get(self, key: str, default: Any = None) -> V | Any:
@@ -68,13 +68,14 @@ class ReadView(Generic[V]):
 
     def _raw(self, key: str) -> bytes | None:
         raw = key.encode()
-        owner = partition_for(raw, self._partitions)
-        if owner != self.partition:
-            raise ForeignKeyError(
-                f"table {self.table.name!r}: key {key!r} belongs to partition {owner}, but this "
-                f"event is handled in partition {self.partition}. A table of another agent is "
-                "read in place, partition by partition: read only keys of the event's "
-                "partition (its stream id)."
+        if self.source.partition_of(raw) != self.partition:
+            raise foreign_key(
+                self.table.name,
+                key,
+                self.partition,
+                self.source,
+                "A table of another agent is read in place, partition by partition: read "
+                "only keys of the event's partition (its stream id).",
             )
         store = self._locate(self.table, self.partition)
         try:

@@ -16,7 +16,8 @@ import msgspec
 import orjson
 
 from ..errors import ForeignKeyError
-from ..partitioner import partition_for
+from ..partitioner import Partitioner, partition_for
+from ..topics import TopicSpec
 from .store import Store
 
 V = TypeVar("V")
@@ -157,6 +158,39 @@ def scan(
     return out
 
 
+def foreign_key(
+    table: str, key: str, partition: int, source: TopicSpec, advice: str
+) -> ForeignKeyError:
+    """The error for ``key`` of ``table`` used by an event of ``partition`` of ``source``
+    though ``source``'s partitioner puts it on another partition. When another
+    partitioner puts it on ``partition``, the likely cause is that the topic's producers
+    use that one (a librdkafka client's ``crc32`` on a topic declared ``murmur2``): the
+    message says how to declare it; else it gives ``advice``."""
+    raw = key.encode()
+    owner, used = source.partition_of(raw), source.partitioner.value
+    head = (
+        f"table {table!r}: key {key!r} belongs to partition {owner}, but this event is "
+        f"handled in partition {partition}. Topic {source.name!r} places keys by the "
+        f"partitioner {used!r} (setting app.topic({source.name!r}, ..., partitioner={used!r}))."
+    )
+    fits = [
+        p.value
+        for p in Partitioner
+        if p is not source.partitioner and partition_for(raw, source.partitions, p) == partition
+    ]
+    if not fits:
+        return ForeignKeyError(f"{head} {advice}")
+    other = fits[0]
+    return ForeignKeyError(
+        f"{head} The {other!r} partitioner puts this key on partition {partition}: if the "
+        f"key is the event's stream id, the topic's producers place keys by {other!r} "
+        "('crc32' is librdkafka's default: confluent-kafka, kcat, librdkafka clients in Go, "
+        "C, .NET, Node; 'murmur2' is Kafka's Java client's and Quix Streams'). Declare it, "
+        f"app.topic({source.name!r}, ..., partitioner={other!r}), restart the workers, and "
+        f"replay what was parked (streamapp parked replay). Otherwise: {advice}"
+    )
+
+
 class TableView(Generic[V]):
     """One partition of a table as the agent sees it during a batch."""
 
@@ -165,18 +199,18 @@ class TableView(Generic[V]):
         "_dumps",
         "_loads",
         "_owned",
-        "_partitions",
         "_read",
         "_space",
         "_store",
         "_undo",
         "codec",
         "partition",
+        "source",
         "table",
     )
 
     def __init__(
-        self, table: Table[V], store: Store, partition: int, partitions: int | None = None
+        self, table: Table[V], store: Store, partition: int, source: TopicSpec | None = None
     ) -> None:
         self.table = table
         self.codec = table.codec
@@ -185,7 +219,8 @@ class TableView(Generic[V]):
         if type(self.codec) is JsonCodec:  # its methods are orjson's: one Python call less
             self._loads, self._dumps = orjson.loads, orjson.dumps
         self.partition = partition
-        self._partitions = partitions
+        self.source = source
+        """The topic the table is partitioned like (None: writes are not checked)."""
         self._store = store
         self._space = table.data_space
         self._read = store.reader(self._space)
@@ -216,7 +251,7 @@ class TableView(Generic[V]):
 
     def __setitem__(self, key: str, value: V) -> None:
         raw = key.encode()
-        if raw not in self._owned and self._partitions is not None:
+        if raw not in self._owned and self.source is not None:
             self._check_owned(key, raw)
         encoded = self._dumps(value)
         batch = self._batch
@@ -225,21 +260,22 @@ class TableView(Generic[V]):
 
     def __delitem__(self, key: str) -> None:
         raw = key.encode()
-        if raw not in self._owned and self._partitions is not None:
+        if raw not in self._owned and self.source is not None:
             self._check_owned(key, raw)
         batch = self._batch
         self._undo.append((raw, batch.get(raw, _MISSING)))
         batch[raw] = None
 
     def _check_owned(self, key: str, raw: bytes) -> None:
-        assert self._partitions is not None
-        owner = partition_for(raw, self._partitions)
-        if owner != self.partition:
-            raise ForeignKeyError(
-                f"table {self.table.label!r}: key {key!r} belongs to partition {owner}, but this "
-                f"event is handled in partition {self.partition}. A table is partitioned like "
-                "its source: write only keys of the event's own stream id (re-key the source "
-                "so that the key is the stream id)."
+        assert self.source is not None
+        if self.source.partition_of(raw) != self.partition:
+            raise foreign_key(
+                self.table.label,
+                key,
+                self.partition,
+                self.source,
+                "A table is partitioned like its source: write only keys of the event's own "
+                "stream id (re-key the source with group_by= so that the key is the stream id).",
             )
         if len(self._owned) >= 100_000:
             self._owned.clear()

@@ -44,7 +44,7 @@ from ..engine.phase import Phase
 from ..engine.served import lane_of, lane_phase, phase_of, serving_tables
 from ..engine.task import PartitionTask
 from ..errors import StoreError
-from ..partitioner import partition_for
+from ..partitioner import Partitioner
 from ..tables.partition import PartitionTables
 from ..tables.table import Table, scan
 from .cursor import decode_cursor, encode_cursor
@@ -88,18 +88,18 @@ def add_routes(
     }
     routes = VersionRoutes(assignment, worker_id)
     topics = {label: agent.topic for label, (agent, _) in declared.items()}
-    partitions_of: dict[int, dict[str, int]] = {}
-    """Per partition count, the partitions of keys asked lately."""
+    partitions_of: dict[tuple[int, Partitioner], dict[str, int]] = {}
+    """Per partition count and partitioner, the partitions of keys asked lately."""
 
     def owner_of(label: str, key: str) -> tuple[int, PartitionTask | None]:
         """:meth:`Assignment.owner_of`, with the partitions of recent keys remembered."""
         topic = topics[label]
-        known = partitions_of.setdefault(topic.partitions, {})
+        known = partitions_of.setdefault((topic.partitions, topic.partitioner), {})
         partition = known.get(key)
         if partition is None:
             if len(known) >= PARTITION_CACHE_KEYS:
                 known.clear()
-            partition = known[key] = partition_for(key.encode(), topic.partitions)
+            partition = known[key] = topic.partition_of(key.encode())
         return partition, assignment.tasks.get((topic.name, partition))
 
     def names() -> list[str]:

@@ -7,9 +7,11 @@ and the last record's ``n`` (records of one account come in order of ``n``).
 
 ``ORDERS_NAMESPACE`` prefixes the app id and topics, so each test has its own;
 ``PLAIN_STREAM_ID_FIELD`` names the value's field that holds the stream id (else the
-stream id is the record's key). With ``PLAIN_INGEST`` set, the app has no tables (as
-on RabbitMQ, where a table needs history, which a plain topic cannot have): ``ingest``
-turns each record into a ``payment.received`` CloudEvent on ``payments-ingested``.
+stream id is the record's key); ``PLAIN_PARTITIONER`` names the partitioner of its
+producers (else Kafka's default, murmur2). With ``PLAIN_INGEST`` set, the app has no
+tables (as on RabbitMQ, where a table needs history, which a plain topic cannot have):
+``ingest`` turns each record into a ``payment.received`` CloudEvent on
+``payments-ingested``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ payments = app.topic(
     partitions=4,
     format="json",
     stream_id_field=os.environ.get("PLAIN_STREAM_ID_FIELD") or None,
+    partitioner=os.environ.get("PLAIN_PARTITIONER") or "murmur2",
 )
 balances: Table[dict[str, Any]] = Table("balances")
 

@@ -410,6 +410,37 @@ async def topic_size(bootstrap: str, topic: str) -> int:
         await consumer.stop()
 
 
+async def read_topic(bootstrap: str, topic: str, within_s: float = 60.0) -> list[Any]:
+    """Every committed record of ``topic`` (read_committed), from each partition's start to
+    its end as it is now (a parking destination: streamapp parks transactionally)."""
+    from aiokafka import AIOKafkaConsumer
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+    assert tps, f"topic {topic} has no partitions"
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        got: list[Any] = []
+        async with asyncio.timeout(within_s):
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                batch = await consumer.getmany(*tps, timeout_ms=500)
+                got += [r for rs in batch.values() for r in rs]
+        return got
+    finally:
+        await consumer.stop()
+
+
 class Proxy:
     """A TCP proxy in front of a service (RabbitMQ, PostgreSQL) whose connections a test
     can cut, at once (:meth:`cut`) or at the server's next reply (:meth:`cut_at_reply`)."""

@@ -21,6 +21,7 @@ from streamapp.tables.partition import (
     spaces_for,
 )
 from streamapp.tables.store import MemoryStore
+from streamapp.topics import TopicSpec
 
 
 @pytest.fixture
@@ -310,7 +311,7 @@ def test_partition_without_tables() -> None:
 def test_write_to_a_key_of_another_partition_is_a_clear_error() -> None:
     status = Table("status")
     own = partition_for(b"o-1", 8)
-    pt = PartitionTables([status], MemoryStore(spaces_for([status])), own, 8)
+    pt = PartitionTables([status], MemoryStore(spaces_for([status])), own, TopicSpec("o", 8))
     view = pt.views[0]
     view["o-1"] = "mine"
     other = next(k for k in (f"c-{i}" for i in range(100)) if partition_for(k.encode(), 8) != own)
