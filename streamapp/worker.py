@@ -118,10 +118,16 @@ class Worker:
         try:
             backend = await self.transport.open_ledger(self.app, self.settings)
         except ConfigError as exc:
+            if self.needs_store:  # the ledger's store is this worker's too: the real error
+                raise
             log.warning("%s: retired table versions are not followed", exc)
             return None
         changelogs = self.transport.capabilities.changelog
-        watch = RetirementWatch(self.app, self.settings, self.app_ref, backend, changelogs)
+        # the one worker of the event store alone says where it serves, for the CLI
+        views = (self.views_url, self.id) if self.transport.capabilities.store_only else None
+        watch = RetirementWatch(
+            self.app, self.settings, self.app_ref, backend, changelogs, views=views
+        )
         try:
             await watch.start()
         except BaseException:

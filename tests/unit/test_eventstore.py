@@ -156,6 +156,16 @@ class EventStoreContract:
         assert await store.head() == 3
         assert await store.read_stream("b") == []
 
+    async def test_append_says_how_many_it_skipped_as_duplicates(
+        self, store: EventStoreBackend
+    ) -> None:
+        first, second = ev("d", 1), ev("d", 2)
+        assert (await store.append("d", [first])).skipped == 0
+        again = await store.append("d", [first, second, second])  # stored, new, repeated
+        assert (again.position, again.version, again.skipped) == (2, 2, 2)
+        only_stored = await store.append("d", [first])
+        assert (only_stored.position, only_stored.version, only_stored.skipped) == (1, 2, 1)
+
     async def test_concurrent_appends_to_one_stream_conflict(
         self, store: EventStoreBackend
     ) -> None:
