@@ -14,7 +14,7 @@ start and follows while it runs:
   has there (its tables rebuild from it), read by the worker now and every
   :data:`POLL_S` seconds.
 
-Three kinds of record, under keys of their own so that none overwrites another:
+Four kinds of record, under keys of their own so that none overwrites another:
 
 - ``version/{label}``: a table version some worker's code declared, with the agent
   writing it and its changelog topic. Every worker writes its own at start. This is
@@ -369,7 +369,9 @@ def drop_local(app: App, data_dir: Path, retired: Iterable[TableVersion]) -> lis
 class RetirementWatch:
     """A worker's side of the ledger: at start, refuse a retired version in the code,
     drop retired versions' local stores and declare the code's versions; while running,
-    drop the stores of each retirement as it is heard of."""
+    drop the stores of each retirement as it is heard of. ``views``: ``(url, worker id)``
+    of this worker's views, said at start and cleared at stop for the CLI to find (the
+    event store alone: its one worker); None: not said."""
 
     def __init__(
         self,
@@ -383,8 +385,6 @@ class RetirementWatch:
         self.app, self.settings, self.app_ref = app, settings, app_ref
         self.backend, self.changelogs = backend, changelogs
         self.views = views
-        """``(url, worker id)`` of this worker's views, said in the ledger (the event store
-        alone: its one worker) for the CLI to find; None: not said."""
         self.state = LedgerState()
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -24,8 +24,6 @@ url_option = click.option(
     "worker's (it records them in the event store), else the app's web_host:web_port "
     f"(STREAMAPP_WEB_HOST, STREAMAPP_WEB_PORT), else {DEFAULT_URL}.",
 )
-
-
 tables_app_option = click.option(
     "-A",
     "--app",
