@@ -112,7 +112,8 @@ async def read_tables(url: str, token: str | None) -> dict[str, Any]:
         raise RetireRefusedError(
             f"retire refused, nothing changed: no worker answers at {url} ({exc}). A retire "
             "asks a running worker which versions the workers declare: start one, or give "
-            "the views of a running one with --url http://HOST:PORT (default "
+            "the views of a running one with --url http://HOST:PORT (default: with "
+            "STREAMAPP_BROKER=none the running worker's, else "
             "http://127.0.0.1:$STREAMAPP_WEB_PORT)"
         ) from exc
     if status != 200:

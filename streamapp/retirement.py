@@ -14,7 +14,7 @@ start and follows while it runs:
   has there (its tables rebuild from it), read by the worker now and every
   :data:`POLL_S` seconds.
 
-Three kinds of record, under keys of their own so that none overwrites another:
+Four kinds of record, under keys of their own so that none overwrites another:
 
 - ``version/{label}``: a table version some worker's code declared, with the agent
   writing it and its changelog topic. Every worker writes its own at start. This is
@@ -23,6 +23,9 @@ Three kinds of record, under keys of their own so that none overwrites another:
 - ``stores/{host}:{data_dir}``: the table versions a worker's data directory holds (at
   its start, after a drop, every :data:`REPORT_S` seconds and as it stops), so that a
   retire's dry run names the stores on other hosts.
+- ``views`` (the event store alone: its one worker): where the running worker serves its
+  views, written at its start and cleared as it stops, so that ``streamapp tables`` and
+  ``retire`` ask that worker (:func:`running_views`).
 
 A worker that learns a retirement (at start, or while running) removes the local
 stores holding that version: an agent directory of the data directory that no agent
@@ -49,6 +52,7 @@ import orjson
 from .errors import ConfigError
 from .eventstore import open_store
 from .retired import TableVersion, learn
+from .storeurl import parse_url
 from .tables.layout import app_directory, lock_holders, partition_stores
 from .tables.layout import table_spaces as stored_tables
 
@@ -156,6 +160,39 @@ def inventory(app_id: str, data_dir: Path) -> StoresRecord:
     return StoresRecord(socket.gethostname(), str(data_dir.resolve()), tables)
 
 
+VIEWS_KEY = f"{PREFIX}views"
+"""The ledger record naming the running worker's views (the event store alone)."""
+
+
+def views_record(url: str | None, worker: str) -> bytes:
+    """The ``views`` record: ``url`` served by ``worker`` (None: it stopped)."""
+    return orjson.dumps({"url": url, "worker": worker})
+
+
+def views_of(value: bytes | None) -> str | None:
+    """The URL a ``views`` record names (None: no worker runs, or not a record of ours)."""
+    try:
+        url = orjson.loads(value).get("url") if value is not None else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return url if isinstance(url, str) else None
+
+
+async def running_views(url: str, app_id: str) -> str | None:
+    """Where the running worker of ``app_id`` on the event store ``url`` serves its views,
+    as it recorded at its start (None: none recorded, or it stopped cleanly). A SQLite
+    store that does not exist yet is not made: no worker ran on it."""
+    where = parse_url(url)
+    if where.kind == "sqlite" and (where.path is None or not where.path.exists()):
+        return None
+    store = await open_store(url)
+    try:
+        rows = await store.ledger_records(app_id)
+    finally:
+        await store.close()
+    return next((views_of(v) for k, v in rows if k == VIEWS_KEY), None)
+
+
 @dataclass
 class LedgerState:
     """Every table version declared so far, and every retirement, by table version."""
@@ -164,9 +201,14 @@ class LedgerState:
     retired: dict[TableVersion, Retirement] = field(default_factory=dict)
     stores: dict[str, StoresRecord] = field(default_factory=dict)
     """What each data directory held when its worker last looked, by host:directory."""
+    views: str | None = None
+    """Where the running worker serves its views (the ``views`` record; None: none runs)."""
 
     def apply(self, key: str, value: bytes | None) -> Retirement | None:
         """Take one record; the retirement it is when it is a new one."""
+        if key == VIEWS_KEY:
+            self.views = views_of(value)
+            return None
         kind, _, name = key.removeprefix(PREFIX).partition("/")
         if not key.startswith(PREFIX) or not name or value is None:
             return None
@@ -327,7 +369,9 @@ def drop_local(app: App, data_dir: Path, retired: Iterable[TableVersion]) -> lis
 class RetirementWatch:
     """A worker's side of the ledger: at start, refuse a retired version in the code,
     drop retired versions' local stores and declare the code's versions; while running,
-    drop the stores of each retirement as it is heard of."""
+    drop the stores of each retirement as it is heard of. ``views``: ``(url, worker id)``
+    of this worker's views, said at start and cleared at stop for the CLI to find (the
+    event store alone: its one worker); None: not said."""
 
     def __init__(
         self,
@@ -336,9 +380,11 @@ class RetirementWatch:
         app_ref: str,
         backend: LedgerBackend | None,
         changelogs: bool,
+        views: tuple[str, str] | None = None,
     ) -> None:
         self.app, self.settings, self.app_ref = app, settings, app_ref
         self.backend, self.changelogs = backend, changelogs
+        self.views = views
         self.state = LedgerState()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -353,6 +399,8 @@ class RetirementWatch:
             if self.state.versions.get((record.table, record.version)) != record:
                 await backend.put(record.key, encode(record))
         await self._report(backend)
+        if self.views is not None:
+            await backend.put(VIEWS_KEY, views_record(*self.views))
         self._tasks = [
             asyncio.create_task(self._follow(backend), name="retirements"),
             asyncio.create_task(self._refresh(backend), name="local stores said"),
@@ -411,6 +459,8 @@ class RetirementWatch:
         try:
             if self._tasks:
                 async with asyncio.timeout(REPORT_TIMEOUT_S):
+                    if self.views is not None:  # no worker serves there any more
+                        await self.backend.put(VIEWS_KEY, views_record(None, self.views[1]))
                     await self._report(self.backend)
         except Exception as exc:  # best effort: the next start says it again
             log.info("saying what %s holds failed (%r)", self.settings.data_dir, exc)

@@ -33,19 +33,37 @@ async def retry_startup(
     settings: Settings, what: str, step: Callable[[], Awaitable[T]], classify: Classify
 ) -> T:
     """``await step()``, again after a retriable failure, up to ``startup_retry.attempts``
-    tries (back-off between them); the last failure is raised as a streamapp error."""
+    tries (back-off between them); each retry's line names the attempt and the budget,
+    and the last failure is raised as a streamapp error saying the attempts it took."""
     if _inside.get():  # the outer step retries the whole of it
         return await _once(step, classify)
     delays = settings.startup_retry.delays()
     token = _inside.set(True)
     try:
-        for attempt in range(len(delays) + 1):
+        budget = len(delays) + 1
+        for attempt in range(budget):
             try:
                 return await _once(step, classify)
             except StreamappError as exc:
-                if not exc.retriable or attempt == len(delays):
+                if not exc.retriable:
                     raise
-                log.info("%s: %s; retrying in %.1fs", what, exc, delays[attempt])
+                if attempt == len(delays):
+                    if budget > 1:  # the message says the budget it spent
+                        said = str(exc).rstrip(".")
+                        stop = "" if said.endswith("?") else "."
+                        exc.args = (
+                            f"{said}{stop} Gave up after {budget} attempts (setting "
+                            "startup_retry).",
+                        )
+                    raise
+                log.info(
+                    "%s: attempt %d of %d failed: %s; retrying in %.1fs",
+                    what,
+                    attempt + 1,
+                    budget,
+                    exc,
+                    delays[attempt],
+                )
                 await asyncio.sleep(delays[attempt])
     finally:
         _inside.reset(token)

@@ -95,9 +95,11 @@ class Worker:
             views_url=lambda: self.views_url,
         )
 
-    async def _open_source(self) -> LiveSource:
-        """Open the store when it is read (only now: a start that failed before made no
-        store file), then the source of setting broker."""
+    async def _open_store(self) -> None:
+        """Open the store when it is read (only now, once the broker answered and the
+        topics are there: a start that failed before made no store file), before the
+        ledger of retired versions, which may live in it: a store that cannot open is
+        the one error said."""
         settings = self.settings
         if self.needs_store:
             self.store = await open_store(settings.event_store)
@@ -107,6 +109,9 @@ class Worker:
                 await self.store.head(),
             )
             self.feed = StoreFeed(self.store, poll_s=settings.poll_timeout_ms / 1000)
+
+    def _open_source(self) -> LiveSource:
+        """The source of setting broker."""
         return self.transport.open_source(self._context, self.sink, self.feed, self.store)
 
     async def _watch_retirements(self) -> RetirementWatch | None:
@@ -121,7 +126,11 @@ class Worker:
             log.warning("%s: retired table versions are not followed", exc)
             return None
         changelogs = self.transport.capabilities.changelog
-        watch = RetirementWatch(self.app, self.settings, self.app_ref, backend, changelogs)
+        # the one worker of the event store alone says where it serves, for the CLI
+        views = (self.views_url, self.id) if self.transport.capabilities.store_only else None
+        watch = RetirementWatch(
+            self.app, self.settings, self.app_ref, backend, changelogs, views=views
+        )
         try:
             await watch.start()
         except BaseException:
@@ -149,8 +158,9 @@ class Worker:
                 # MissingTopicError before the store is opened, so it makes no store file
                 # (the source checks again); start-up retries wait for ``topics create``.
                 await self.transport.check_topology(self.app, self.settings, self.app_ref)
+            await self._open_store()
             self.retirements = await self._watch_retirements()
-            self.source = await self._open_source()
+            self.source = self._open_source()
             latch = self.settings.data_dir / f"{self.app.id}-{LATCH_FILE}"  # beside its stores
             self.source.assignment.served = DurableLatch(latch)
             await self._serve(listening)

@@ -11,7 +11,8 @@ from .main import app_option, load_app, main
 @main.command()
 @app_option
 def agents(app_ref: str) -> None:
-    """List the app's agents: topic, tables, reads, sinks, failure policy and history."""
+    """List the app's agents: topic, tables and their versions, reads, sinks, failure
+    policy and history, one JSON object per agent."""
     app = load_app(app_ref)
     for agent in app.agents.values():
         history = agent.history
@@ -20,6 +21,7 @@ def agents(app_ref: str) -> None:
             "topic": agent.topic.name,
             "partitions": agent.topic.partitions,
             "tables": [t.name for t in agent.tables],
+            "table_versions": {t.name: t.version for t in agent.tables},
             "reads": [t.name for t in agent.reads],
             "sinks": [t.name for t in agent.sinks],
             "changelog": app.changelog_topic(agent),

@@ -28,6 +28,12 @@ def load_app(ref: str) -> App:
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     module_name = _module_of(ref, target, attr)
+    if "" in module_name.split("."):  # ".bank": importlib's relative import, a TypeError
+        raise click.ClickException(
+            f"-A {ref!r}: {module_name!r} is not a module name: give the option -A "
+            "(--app) in the form module:attribute, an absolute dotted module name and "
+            "the App's attribute, e.g. -A agents.orders:app"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

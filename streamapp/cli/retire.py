@@ -7,8 +7,8 @@ import asyncio
 import click
 
 from ..errors import StreamappError
-from ..settings import Settings
 from .main import app_option, load_app, main
+from .tables import worker_url
 
 
 @main.command()
@@ -17,8 +17,9 @@ from .main import app_option, load_app, main
 @click.option("--version", "version", type=int, required=True, help="The version to retire.")
 @click.option(
     "--url",
-    help="A running worker's views, asked which versions the workers declare; default "
-    "http://127.0.0.1:$STREAMAPP_WEB_PORT (the app's web_port).",
+    help="A running worker's views, asked which versions the workers declare; default: "
+    "with STREAMAPP_BROKER=none the running worker's (recorded in the event store), else "
+    "http://127.0.0.1:$STREAMAPP_WEB_PORT (the app's web_host and web_port).",
 )
 @click.option("--yes", is_flag=True, help="Retire it; without: print what would go, exit 0.")
 def retire(app_ref: str, table: str, version: int, url: str | None, yes: bool) -> None:
@@ -41,7 +42,7 @@ def retire(app_ref: str, table: str, version: int, url: str | None, yes: bool) -
                 app_ref,
                 settings,
                 (table, version),
-                url=url or _default_url(settings),
+                url=url or worker_url(app, settings),
                 yes=yes,
                 say=click.echo,
             )
@@ -50,12 +51,3 @@ def retire(app_ref: str, table: str, version: int, url: str | None, yes: bool) -
         raise click.ClickException(str(exc)) from exc
     if not done:
         click.echo("dry run: nothing changed; run again with --yes to retire it", err=True)
-
-
-def _default_url(settings: Settings) -> str:
-    if settings.web_port == 0:
-        raise click.ClickException(
-            "web_port (STREAMAPP_WEB_PORT) is 0, any free port: give a running worker's "
-            "views with --url http://HOST:PORT (its start line names them)"
-        )
-    return f"http://127.0.0.1:{settings.web_port}"

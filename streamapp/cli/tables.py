@@ -10,14 +10,18 @@ from urllib.parse import quote
 import click
 import orjson
 
+from ..app import App
 from ..errors import StreamappError
+from ..retirement import running_views
+from ..settings import Settings
 from ..transport import transports
 from .main import load_app, main
 
 DEFAULT_URL = "http://127.0.0.1:6066"
 url_option = click.option(
     "--url",
-    help="A worker's views (any worker); default: the app's web_host:web_port "
+    help="A worker's views (any worker); default: with STREAMAPP_BROKER=none the running "
+    "worker's (it records them in the event store), else the app's web_host:web_port "
     f"(STREAMAPP_WEB_HOST, STREAMAPP_WEB_PORT), else {DEFAULT_URL}.",
 )
 tables_app_option = click.option(
@@ -36,10 +40,41 @@ tables_app_option = click.option(
 @click.pass_context
 def tables_group(ctx: click.Context, app_ref: str | None, url: str | None, as_json: bool) -> None:
     """Ask a running worker for each table version's state (token: STREAMAPP_WEB_TOKEN):
-    one line per version, ``TABLE vN STATE LIVE/TOTAL`` (live partitions of all).
+    one line per version, ``TABLE vN STATE LIVE/TOTAL`` (live partitions of all). When
+    no worker answers, the app's (``-A``) tables are listed without their states.
     ``tables list`` lists the app's tables without a worker."""
-    if ctx.invoked_subcommand is None:
-        _print_versions(_views_url(ctx, url, app_ref), as_json)
+    if ctx.invoked_subcommand is not None:
+        return
+    views = _views_url(ctx, url, app_ref)
+    app_ref = _tables_app_ref(ctx, app_ref)
+    unreachable = _print_versions(views, as_json, offline=app_ref is not None)
+    if unreachable is not None and app_ref is not None:
+        _print_offline(app_ref, as_json)
+        click.echo(
+            f"{unreachable}: no worker answers for these versions' states; start one, "
+            "or give its views with --url",
+            err=True,
+        )
+
+
+def _print_offline(app_ref: str, as_json: bool) -> None:
+    """The app's table versions as its code declares them, without a worker."""
+    app = load_app(app_ref)
+    for agent, table in app.tables.values():
+        row = {
+            "table": table.name,
+            "version": table.version,
+            "partitions": agent.topic.partitions,
+            "agent": agent.name,
+            "state": None,
+        }
+        if as_json:
+            click.echo(orjson.dumps(row).decode())
+        else:
+            click.echo(
+                f"{table.name} v{table.version} (state unknown) "
+                f"{agent.topic.partitions} partitions, agent {agent.name}"
+            )
 
 
 @tables_group.command("list")
@@ -50,9 +85,16 @@ def tables_list(ctx: click.Context, app_ref: str | None) -> None:
     _list_tables(_tables_app_ref(ctx, app_ref))
 
 
-def _print_versions(url: str, as_json: bool) -> None:
-    """The versions of ``GET /tables`` on the worker at ``url``, one line each."""
-    body = orjson.loads(_ask(url, "/tables", {}))
+def _print_versions(url: str, as_json: bool, *, offline: bool = False) -> str | None:
+    """The versions of ``GET /tables`` on the worker at ``url``, one line each. With
+    ``offline``, a worker that does not answer is not an error: returns why (None: it
+    answered)."""
+    answer = _get(url, "/tables", {})
+    if isinstance(answer, str):
+        if offline:
+            return answer
+        raise click.ClickException(answer)
+    body = orjson.loads(_answered(url, *answer))
     for table in body["tables"]:
         for v in table.get("versions", []):
             if as_json:
@@ -65,6 +107,7 @@ def _print_versions(url: str, as_json: bool) -> None:
                 of = f" of {head}" if head is not None else ""
                 line += f" (replay at store position {progress['store_position']}{of})"
             click.echo(line)
+    return None
 
 
 def _tables_app_ref(ctx: click.Context, app_ref: str | None) -> str | None:
@@ -106,20 +149,47 @@ def _list_tables(app_ref: str | None) -> None:
 
 
 def _views_url(ctx: click.Context, url: str | None, app_ref: str | None) -> str:
-    """``--url``, else the views of the app's settings (``-A``), else of
-    STREAMAPP_WEB_HOST / STREAMAPP_WEB_PORT, else the default port on loopback."""
+    """``--url`` (after ``get``/``scan`` or after ``tables``), else the views of the
+    app's running worker (``-A``) or of its settings, else of STREAMAPP_WEB_HOST /
+    STREAMAPP_WEB_PORT, else the default port on loopback."""
+    for scope in (ctx, ctx.parent):
+        if url or scope is None:
+            break
+        url = scope.params.get("url")
     if url:
-        return url
+        return str(url)
     app_ref = _tables_app_ref(ctx, app_ref)
     if app_ref:
+        app = load_app(app_ref)
+        return worker_url(app, _settings(app))
+    host = os.environ.get("STREAMAPP_WEB_HOST") or "127.0.0.1"
+    port = os.environ.get("STREAMAPP_WEB_PORT") or DEFAULT_URL.rsplit(":", 1)[1]
+    return _loopback(host, port)
+
+
+def _settings(app: App) -> Settings:
+    try:
+        return app.settings()
+    except StreamappError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def worker_url(app: App, settings: Settings) -> str:
+    """Where ``app``'s worker serves its views: with STREAMAPP_BROKER=none, the one the
+    running worker recorded in the event store's ledger; else (or none recorded) the
+    address of setting web_host / web_port."""
+    if transports[settings.broker].capabilities.store_only and app.tables:
         try:
-            settings = load_app(app_ref).settings()
+            running = asyncio.run(running_views(settings.event_store, app.id))
         except StreamappError as exc:
             raise click.ClickException(str(exc)) from exc
-        host, port = settings.web_host, str(settings.web_port)
-    else:
-        host = os.environ.get("STREAMAPP_WEB_HOST") or "127.0.0.1"
-        port = os.environ.get("STREAMAPP_WEB_PORT") or DEFAULT_URL.rsplit(":", 1)[1]
+        if running is not None:
+            return running
+    return _loopback(settings.web_host, str(settings.web_port))
+
+
+def _loopback(host: str, port: str) -> str:
+    """The views at ``host:port``, a wildcard address as this host's loopback."""
     if port == "0":
         raise click.ClickException(
             "web_port (STREAMAPP_WEB_PORT) is 0, any free port: give the worker's views "
@@ -184,7 +254,22 @@ def tables_scan(
 
 
 def _ask(url: str, path: str, params: dict[str, str]) -> bytes:
-    """GET a worker's view; a non-200 answer is printed (JSON) and exits 1."""
+    """GET a worker's view; no answer, or a non-200 one (printed, JSON), exits 1."""
+    answer = _get(url, path, params)
+    if isinstance(answer, str):
+        raise click.ClickException(answer)
+    return _answered(url, *answer)
+
+
+def _answered(url: str, status: int, body: bytes) -> bytes:
+    if status != 200:
+        click.echo(body.decode(errors="replace"), err=True)
+        raise click.ClickException(f"worker at {url} answered {status}")
+    return body
+
+
+def _get(url: str, path: str, params: dict[str, str]) -> tuple[int, bytes] | str:
+    """GET a worker's view: its status and body, or why no worker answered."""
     import aiohttp
 
     token = os.environ.get("STREAMAPP_WEB_TOKEN")
@@ -199,10 +284,6 @@ def _ask(url: str, path: str, params: dict[str, str]) -> bytes:
             return r.status, await r.read()
 
     try:
-        status, body = asyncio.run(get())
+        return asyncio.run(get())
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise click.ClickException(f"cannot reach a worker at {url}: {exc}") from exc
-    if status != 200:
-        click.echo(body.decode(errors="replace"), err=True)
-        raise click.ClickException(f"worker at {url} answered {status}")
-    return body
+        return f"cannot reach a worker at {url}: {exc}"

@@ -28,17 +28,21 @@ def topics_create(app_ref: str) -> None:
     """Create the app's source, changelog and parking topics that are missing.
 
     On the broker of setting broker (STREAMAPP_BROKER): Kafka topics; on RabbitMQ, per
-    topic a direct exchange and one queue per partition (no changelogs there).
+    topic a direct exchange and one queue per partition (no changelogs there). With
+    STREAMAPP_BROKER=none there is nothing to create (exit 0): the event store is the
+    only source, and tables rebuild from it.
     """
     app = load_app(app_ref)
     try:
         settings = app.settings()
         transport = transports[settings.broker]
         if not transport.capabilities.topics:
-            raise click.ClickException(
-                f"setting broker (STREAMAPP_BROKER) = {settings.broker!r} has no topics; "
-                "set it to kafka or rabbitmq"
+            click.echo(
+                f"nothing to create: setting broker (STREAMAPP_BROKER) = {settings.broker!r} "
+                "runs on the event store alone, the only source (no topics; tables "
+                "rebuild from the store)"
             )
+            return
         refuse_unsupported(app, settings.broker, transport.capabilities)  # before connecting
         rows = asyncio.run(transport.create_topology(app, settings))
     except StreamappError as exc:

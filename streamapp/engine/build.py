@@ -266,6 +266,6 @@ class LaneBuild:
         log.info(
             "%s: caught up at store position %d, live at position %s",
             self.name,
-            min(done.values()),
+            min(done.values()) - 1,  # the last applied, as a store's head counts
             at,
         )

@@ -260,7 +260,7 @@ class Replay:
             return
         done = {lane: lane.history_position() for lane in lanes}
         await task._commit(None, history_at(done, caught_up=True))
-        log.info("%s caught up at store position %s", self.name, min(done.values()))
+        log.debug("%s caught up at store position %s", self.name, min(done.values()) - 1)
 
     def recheck(self) -> None:
         """The source may have changed hands (see :meth:`PartitionTask.recheck`)."""

@@ -10,7 +10,8 @@ from .lane import Lane
 def resume_points(lanes: Sequence[Lane], absolute: bool) -> str:
     """Where each lane of a closing partition resumes, as the next owner reads it: its
     checkpoint's live position (an absolute source), its store position while it was
-    catching up, or the queue (RabbitMQ: positions count one session's deliveries)."""
+    catching up or when the store is its only source (STREAMAPP_BROKER=none), or the
+    queue (RabbitMQ: positions count one session's deliveries)."""
     points: dict[str, str] = {}
     for lane in lanes:
         tables, history = lane.tables, lane.agent.history is not None
@@ -21,8 +22,8 @@ def resume_points(lanes: Sequence[Lane], absolute: bool) -> str:
             points[lane.name] = f"{store}, then the queue" if history else "the queue"
         elif (live := _live(lane)) is not None:
             points[lane.name] = f"position {live}"
-        elif history:
-            points[lane.name] = store
+        elif history or (tables is not None and tables.checkpoint.history is not None):
+            points[lane.name] = store  # the event store was its source (embedded mode)
         else:
             points[lane.name] = "the source's start (nothing committed)"
     if len(set(points.values())) == 1:

@@ -57,6 +57,8 @@ class TaskStatus:
     lag: int | None
     counts: TaskCounts
     lanes: Sequence[Lane]
+    store_fed: bool = False
+    """The event store is the live source (STREAMAPP_BROKER=none)."""
 
     @classmethod
     def of(cls, task: PartitionTask, start_position: int | None) -> TaskStatus:
@@ -71,6 +73,7 @@ class TaskStatus:
             task.lag,
             task.counts,
             task.lanes,
+            task.replay.follows_store,
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -94,9 +97,17 @@ class TaskStatus:
             "unversioned": sum(lane.unversioned for lane in lanes),
             "outcomes": _named(outcomes_of(lanes)),
             **_stored(cp),
-            "checkpoint": None if cp is None else cp.live,
+            "checkpoint": _resumes_at(cp, self.store_fed),
             "agents": {lane.name: _lane_status(lane) for lane in lanes},
         }
+
+
+def _resumes_at(cp: Checkpoint | None, store_fed: bool) -> int | None:
+    """The source position a restart resumes from: the live one, or the store position
+    when the event store is the only source (embedded mode keeps no live position)."""
+    if cp is None:
+        return None
+    return cp.history if store_fed and cp.live is None else cp.live
 
 
 def _stored(cp: Checkpoint | None) -> dict[str, object]:

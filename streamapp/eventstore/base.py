@@ -61,10 +61,13 @@ longer and more frequent."""
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
-    """Where an append ended: the last event's global position, the stream's new version."""
+    """Where an append ended: the last event's global position, the stream's new version,
+    and how many of its events were skipped as duplicates (their ``source`` and ``id``
+    already stored, or earlier in the same append)."""
 
     position: int
     version: int
+    skipped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +161,8 @@ class EventStore(Protocol):
         ``expected_version`` None: no check; 0: the stream must not exist yet; n: the
         stream must be at version n. Raises ConcurrencyError (nothing appended) otherwise.
         Events whose (``source``, ``id``) is already stored are skipped (the check then
-        applies to the events left), or with ``on_duplicate="fail"`` raise
-        DuplicateEventError (nothing appended).
+        applies to the events left; the result's ``skipped`` counts them), or with
+        ``on_duplicate="fail"`` raise DuplicateEventError (nothing appended).
         """
         ...
 
@@ -433,6 +436,7 @@ def plan_batch(
         fresh: list[Event] = []
         keys: set[EventKey] = set()
         last_duplicate = 0
+        left_out = 0
         for event in item.events:
             key = (event.source, event.id)
             if key in known or key in keys:
@@ -442,12 +446,13 @@ def plan_batch(
                     )
                     return rows, BatchResult(results, error, skipped)
                 skipped += 1
+                left_out += 1
                 last_duplicate = known.get(key, last_duplicate)
                 continue
             keys.add(key)
             fresh.append(event)
         if not fresh:
-            results.append(AppendResult(last_duplicate, actual))
+            results.append(AppendResult(last_duplicate, actual, left_out))
             continue
         try:
             planned = plan_append(item.stream_id, fresh, item.expected_version, actual)
@@ -458,5 +463,5 @@ def plan_batch(
             known[(event.source, event.id)] = head
         rows.extend(planned)
         versions[item.stream_id] = actual + len(planned)
-        results.append(AppendResult(head, actual + len(planned)))
+        results.append(AppendResult(head, actual + len(planned), left_out))
     return rows, BatchResult(results, None, skipped)

@@ -218,21 +218,23 @@ class SqliteEventStore:
     @contextlib.asynccontextmanager
     async def worker_lock(self, app_id: str) -> AsyncIterator[None]:
         """Held for a store-only worker's life (``flock``, dropped by the kernel when the
-        holder dies, even by kill -9); a second worker of the app is refused at once."""
+        holder dies, even by kill -9); a second worker of the app is refused at once.
+
+        The holder removes the file as it lets go (one killed leaves it, harmless: the
+        next one locks it). Only a holder removes it, and a taker checks that the file
+        it locked is still the one at the path (not one removed meanwhile), so two
+        processes never hold the lock at once."""
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in app_id)
         path = self.path.with_name(f"{self.path.name}.worker-{safe}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _take_file_lock(path, app_id, self.url)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                raise worker_locked(app_id, self.url, holder or "another process") from None
             me = f"worker pid {os.getpid()} on {socket.gethostname()}"
             os.ftruncate(fd, 0)
             os.pwrite(fd, me.encode(), 0)
             yield
         finally:
+            if _same_file(fd, path):  # held: nobody else can have put another one there
+                os.unlink(path)
             os.close(fd)
 
     async def park(
@@ -466,3 +468,29 @@ def _prepare(conn: sqlite3.Connection, busy_timeout_s: float, url: str) -> None:
                 conn.execute("ROLLBACK")
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+
+def _take_file_lock(path: Path, app_id: str, url: str) -> int:
+    """The descriptor of ``path`` locked (``flock``), or the refusal naming its holder."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise worker_locked(app_id, url, holder or "another process") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)  # its holder removed it between our open and our lock: again
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """``fd`` is the file at ``path`` now (not one removed from it)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False

@@ -23,8 +23,7 @@ async def with_startup_retry(
         if isinstance(exc, KafkaConnectionError):
             return BrokerUnavailableError(
                 f"{what}: Kafka at {settings.kafka_bootstrap} (setting kafka_bootstrap) did "
-                f"not answer after {settings.startup_retry.attempts} attempts ({exc}); is "
-                "the broker up?"
+                f"not answer ({exc}); is the broker up?"
             )
         if isinstance(exc, KafkaError):
             return SourceError(f"{what}: Kafka failed: {exc!r}", retriable=exc.retriable)

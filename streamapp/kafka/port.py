@@ -119,7 +119,7 @@ class KafkaPartitionPort:
         else:
             await self.consumer.seek_to_end(self.tp)
         start = int(await self.consumer.position(self.tp))
-        log.info("%s has no checkpoint: starts at the %s offset %d", self.name, reset, start)
+        log.debug("%s has no checkpoint: starts at the %s offset %d", self.name, reset, start)
         return start
 
     async def through(self, position: int) -> int:

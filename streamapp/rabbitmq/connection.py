@@ -54,8 +54,8 @@ async def with_startup_retry(settings: Settings, what: str, step: Callable[[], A
         if isinstance(exc, AMQPConnectionError | OSError | TimeoutError):
             return BrokerUnavailableError(
                 f"{what}: RabbitMQ at {safe_url(settings.amqp_url)} (setting amqp_url, "
-                f"STREAMAPP_AMQP_URL) did not answer after {settings.startup_retry.attempts} "
-                f"attempts ({exc!r}); is the broker up?"
+                f"STREAMAPP_AMQP_URL) did not answer "
+                f"({exc!r}); is the broker up?"
             )
         return None
 

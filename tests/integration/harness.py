@@ -87,6 +87,8 @@ class WorkerProc:
     """A command the worker runs under (e.g. ``faketime -f +90s``)."""
     launcher: str = "streamapp.cli"
     """The module run as the CLI (``tests.support.crashpoint``: with a crash point)."""
+    loglevel: str = "info"
+    """``-l``: ``debug`` adds the per-partition lines (``caught up at store position``)."""
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProc:
@@ -104,6 +106,8 @@ class WorkerProc:
                 str(self.data_dir),
                 "--web-port",
                 str(self.port),
+                "-l",
+                self.loglevel,
                 launcher=self.launcher,
             ),
             env=app_env(self.bootstrap, self.namespace, **self.extra_env),

@@ -51,6 +51,7 @@ def _worker(kafka: str, ns: str, tmp: Path, i: int, url: str) -> WorkerProc:
         tmp / f"data{i}",
         tmp / f"w{i}.log",
         extra_env={"STREAMAPP_EVENT_STORE": url},
+        loglevel="debug",  # each partition's `caught up at store position` line
     )
 
 

@@ -13,13 +13,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from conftest import PgUrlFactory
 
 from .harness import (
+    ROOT,
     WorkerProc,
+    app_env,
     append_to_store,
+    free_port,
     order_events,
     read_table,
+    streamapp_cmd,
     wait_ready,
     wait_statuses,
 )
@@ -123,6 +129,50 @@ async def test_a_second_worker_of_the_app_is_refused(tmp_path: Path) -> None:
         assert first.alive
     finally:
         assert first.stop() == 0
+
+
+async def test_the_cli_finds_the_worker_on_postgresql_and_lists_offline_once_it_stopped(
+    tmp_path: Path, pg_url_factory: PgUrlFactory
+) -> None:
+    """The worker records its views in the store's ledger (PostgreSQL here; SQLite in
+    tests/unit/test_cli_embedded.py): ``tables`` and ``tables get`` ask it, not the
+    settings' port; once it stopped, ``tables`` lists the app's tables offline."""
+    events, expected = order_events(n_orders=20, n_events=200)
+    async with pg_url_factory() as url:
+        await append_to_store(url, events)
+        worker = _worker(tmp_path, url).start()
+        # the CLI's settings name a port nothing serves: only the ledger finds the worker
+        env = app_env(
+            "127.0.0.1:1",
+            NS,
+            STREAMAPP_BROKER="none",
+            STREAMAPP_EVENT_STORE=url,
+            STREAMAPP_WEB_PORT=str(free_port()),
+        )
+        try:
+            await wait_ready(worker)
+            await _wait_exact(worker, expected)
+            listed = _cli(env, "tables", "-A", "agents.orders:app")
+            assert listed.returncode == 0, listed.stderr
+            assert listed.stdout.splitlines() == ["order_status v1 active 8/8"]
+            key = next(iter(expected))
+            got = _cli(env, "tables", "get", "order_status", key, "-A", "agents.orders:app")
+            assert got.returncode == 0, got.stderr
+            assert orjson.loads(got.stdout)["status"] == expected[key][1]
+        finally:
+            assert worker.stop() == 0, worker.log_text()[-3000:]
+        offline = _cli(env, "tables", "-A", "agents.orders:app")
+        assert offline.returncode == 0, offline.stderr
+        assert offline.stdout.splitlines() == [
+            "order_status v1 (state unknown) 8 partitions, agent project_order_status"
+        ]
+        assert "no worker answers for these versions' states" in offline.stderr
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        streamapp_cmd(*args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def applied(status: dict[str, Any]) -> int:

@@ -6,6 +6,8 @@ The PostgreSQL subclass lives in tests/integration/test_eventstore_pg.py.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +24,7 @@ from streamapp.eventstore import (
     open_store,
     parse_url,
 )
-from streamapp.eventstore.sqlite import SqliteEventStore
+from streamapp.eventstore.sqlite import SqliteEventStore, _same_file
 
 
 def ev(stream: str, n: int = 0, version: int | None = None, **ext: str) -> Event:
@@ -156,6 +158,16 @@ class EventStoreContract:
         assert await store.head() == 3
         assert await store.read_stream("b") == []
 
+    async def test_append_says_how_many_it_skipped_as_duplicates(
+        self, store: EventStoreBackend
+    ) -> None:
+        first, second = ev("d", 1), ev("d", 2)
+        assert (await store.append("d", [first])).skipped == 0
+        again = await store.append("d", [first, second, second])  # stored, new, repeated
+        assert (again.position, again.version, again.skipped) == (2, 2, 2)
+        only_stored = await store.append("d", [first])
+        assert (only_stored.position, only_stored.version, only_stored.skipped) == (1, 2, 1)
+
     async def test_concurrent_appends_to_one_stream_conflict(
         self, store: EventStoreBackend
     ) -> None:
@@ -278,3 +290,31 @@ async def test_an_unopenable_file_names_the_setting(tmp_path: Path) -> None:
     (tmp_path / "not-a-db").write_bytes(b"x" * 4096)
     with pytest.raises(ConfigError, match=r"STREAMAPP_EVENT_STORE.*cannot open"):
         await open_store(f"sqlite:///{tmp_path}/not-a-db")
+
+
+async def test_the_worker_lock_file_goes_with_its_holder_and_a_removed_one_is_no_lock(
+    tmp_path: Path,
+) -> None:
+    """The holder removes the lock file as it lets go; a descriptor opened on the file
+    before it went (a taker that lost that race) locks a file that is no longer the lock,
+    and the take checks for it, so two holders never overlap."""
+    first, second = await open_store(f"sqlite:///{tmp_path}/e.db"), None
+    path = tmp_path / "e.db.worker-app.lock"
+    try:
+        second = await open_store(f"sqlite:///{tmp_path}/e.db")
+        async with first.worker_lock("app"):
+            assert path.exists()
+            stale = os.open(path, os.O_RDWR)  # a taker between its open and its lock
+            with pytest.raises(ConfigError, match="another worker of app 'app'"):
+                async with second.worker_lock("app"):
+                    pass
+        assert not path.exists()
+        async with second.worker_lock("app"):
+            fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the old file: not the lock
+            assert not _same_file(stale, path)
+            os.close(stale)
+        assert not path.exists()
+    finally:
+        await first.close()
+        if second is not None:
+            await second.close()

@@ -3,10 +3,14 @@ the outermost step's attempts."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
+from aiokafka.errors import KafkaConnectionError
 
 from streamapp import Backoff, ConfigError, MissingTopicError, Settings
-from streamapp.errors import SourceError
+from streamapp.errors import BrokerUnavailableError, SourceError
+from streamapp.kafka.connection import with_startup_retry
 from streamapp.startup import retry_startup
 
 SETTINGS = Settings(app_id="a", startup_retry=Backoff(attempts=4, initial_s=0.001, max_s=0.001))
@@ -78,3 +82,23 @@ async def test_nested_steps_share_the_outer_attempts() -> None:
     with pytest.raises(SourceError):
         await retry_startup(SETTINGS, "check", outer, _never)
     assert inner_calls == 4  # not 4 x 4
+
+
+async def test_each_retry_line_names_its_attempt_and_the_budget(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="streamapp.startup")
+
+    async def step() -> None:
+        raise KafkaConnectionError("refused")
+
+    with pytest.raises(BrokerUnavailableError) as info:
+        await with_startup_retry(SETTINGS, "connecting", step)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    for n, line in enumerate(lines, 1):
+        assert line.startswith(f"connecting: attempt {n} of 4 failed: connecting: Kafka at "), line
+        assert "attempts" not in line.split("failed:", 1)[1], line  # no budget said as spent
+    assert str(info.value).endswith(
+        "is the broker up? Gave up after 4 attempts (setting startup_retry)."
+    )
