@@ -153,10 +153,11 @@ def _moved_on(lane: Lane, record: Delivery, item: Event | DecodeError) -> None:
     log.warning(
         "agent %s skipped %s, sent back by a replay: its stream %r moved on while it was "
         "held: the event is stream version %d and table %s has applied the stream through "
-        "version %d, so the table misses this event. To apply it, rebuild the table: "
-        "deploy it as a new table version (docs/changing-a-projection.md), or stop the "
-        "workers, run `streamapp reset -A MODULE:app --agent %s --yes` and start them "
-        "again (docs/catchup.md, resetting a projection)",
+        "version %d, so the table misses this event (unless a replay applied it before). "
+        "To apply it, rebuild the table: deploy it as a new table version "
+        "(docs/changing-a-projection.md), or stop the workers, run `streamapp reset -A "
+        "MODULE:app --agent %s --yes` and start them again (docs/catchup.md, resetting "
+        "a projection)",
         agent.name,
         where.decode(errors="replace"),
         sid,
