@@ -109,7 +109,7 @@ def store_parked_replay(
         click.echo(
             f"sent {_rows(run.sent)} back to their agents{counts}{elsewhere}. The running "
             "worker (or the next one to start) runs them once their partitions are live "
-            "(`streamapp store parked` lists any that fail again)"
+            "(`streamapp store parked` shows what each came to: applied, filtered, parked again)"
         )
     if run.bad is not None:
         raise click.ClickException(run.bad)
