@@ -183,7 +183,9 @@ DELIVERED = Handled(Outcome.DELIVERED)
 UNVERSIONED = Handled(Outcome.DELIVERED, "no streamversion: applied at least once")
 """Applied to tables without ``streamversion``: no duplicate check was possible
 (at-least-once; a redelivery of it applies it again)."""
-_DUPLICATE = Handled(Outcome.FILTERED, "already applied")
+DUPLICATE = Handled(Outcome.FILTERED, "already applied")
+"""Skipped by the stream-version guard: its table applied this version of the stream, or
+a later one."""
 _FILTERED = Handled(Outcome.FILTERED, "filter")
 
 
@@ -215,7 +217,7 @@ async def handle(
         )
     version = event.stream_version
     if tables is not None and version is not None and tables.applied_version(sid) >= version:
-        return _DUPLICATE
+        return DUPLICATE
     if views is None:
         views = tables.views if tables is not None else ()
     if agent.events is not None:

@@ -8,7 +8,8 @@ record as its producer sent it: the same key and value (the CloudEvent intact), 
 business and CloudEvent headers, without the retry chain's headers
 (:data:`streamapp.retry_chain.CHAIN`: a record that kept ``x-reconsume`` would count on
 from its old failures) and without streamapp's own ``streamapp-`` headers (the park
-reason, agent and source, the forwarder's store position). The origin is the
+reason, agent and source, the forwarder's store position), but for one:
+:data:`REPLAYED`, naming where it was held. The origin is the
 dead-letter copy's ``x-origin-topic``, else the topic of a parked copy's
 ``streamapp-source`` (``topic/partition/position``).
 
@@ -26,7 +27,7 @@ from typing import Protocol
 
 from .errors import ReplayError
 from .records import Headers, Message
-from .reserved import CHAIN
+from .reserved import CHAIN, Stamped
 
 ORIGIN_TOPIC = "x-origin-topic"
 """The dead-letter copy's origin (:data:`streamapp.retry_chain.ORIGIN_TOPIC`)."""
@@ -34,6 +35,11 @@ PARK_SOURCE = "streamapp-source"
 """A parked copy's ``topic/partition/position`` (:func:`streamapp.engine.delivery.park_headers`)."""
 PARK_AGENT = "streamapp-agent"
 """The agent that parked the copy."""
+REPLAYED = "streamapp-replayed"
+"""Where a record sent back was held (:attr:`Held.where`, e.g. ``orders.parked/3/17`` or
+``parked row 12``): set on what a replay sends, so that an agent whose stream-version
+guard skips it although the table has not applied it can say so
+(:func:`streamapp.engine.settle.settle_failed`)."""
 OWN_PREFIX = "streamapp-"
 
 
@@ -120,7 +126,8 @@ def back_to_origin(record: Held, topics: frozenset[str]) -> Message:
             f"reads (its topics: {', '.join(sorted(topics))}): run the replay with the app "
             "that parked it"
         )
-    return Message(origin, record.value, record.key, stripped(record.headers))
+    headers = Stamped([*stripped(record.headers), (REPLAYED, record.where.encode())])
+    return Message(origin, record.value, record.key, headers)
 
 
 @dataclass(frozen=True)

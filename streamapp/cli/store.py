@@ -116,8 +116,12 @@ def store_parked(ctx: click.Context, app_ref: str | None, destinations: tuple[st
     """Print the deliveries a store-only worker parked, as JSON lines in park order.
 
     Each line: id, destination, parked_at, reason, source (topic/partition/store
-    position), key, value and headers. A bytes field is text when it is UTF-8, else it
-    is given as ``<field>_base64``. ``store parked replay`` sends them back.
+    position), outcome, key, value and headers. A bytes field is text when it is UTF-8,
+    else it is given as ``<field>_base64``. ``store parked replay`` sends them back;
+    outcome is what the row's last sending back came to: pending (the worker has not
+    run it yet), applied, filtered (skipped by the agent's filter or by its table's
+    stream version: the worker's log says when the table misses it), parked again
+    (it failed again: a new row), or null when it was never sent back.
     """
     if ctx.invoked_subcommand is not None:
         if destinations:
@@ -134,18 +138,21 @@ def store_parked(ctx: click.Context, app_ref: str | None, destinations: tuple[st
             f"app {app_ref} has no agent with on_failure=Park(...): name one with --destination"
         )
 
-    async def read(es: EventStoreBackend) -> list[ParkedRecord]:
-        records = [record for name in dict.fromkeys(wanted) for record in await es.parked(name)]
-        return sorted(records, key=lambda r: r.id)
+    async def read(es: EventStoreBackend) -> list[tuple[ParkedRecord, str | None]]:
+        rows = []
+        for name in dict.fromkeys(wanted):
+            outcomes = await es.resent_outcomes(app.id, name)
+            rows += [(record, outcomes.get(record.id)) for record in await es.parked(name)]
+        return sorted(rows, key=lambda row: row[0].id)
 
-    for record in _with_store(app_ref, read):
-        click.echo(orjson.dumps(_parked_json(record)))
+    for record, outcome in _with_store(app_ref, read):
+        click.echo(orjson.dumps(_parked_json(record, outcome)))
 
 
 store_parked.add_command(store_parked_replay)
 
 
-def _parked_json(record: ParkedRecord) -> dict[str, Any]:
+def _parked_json(record: ParkedRecord, outcome: str | None) -> dict[str, Any]:
     """One parked record as JSON: bytes as text when UTF-8, else base64."""
     body: dict[str, Any] = {
         "id": record.id,
@@ -153,6 +160,7 @@ def _parked_json(record: ParkedRecord) -> dict[str, Any]:
         "parked_at": record.parked_at.isoformat(),
         "reason": record.reason,
         "source": (record.header("streamapp-source") or b"").decode(errors="replace"),
+        "outcome": outcome,
     }
     body.update(_bytes_field("key", record.key))
     body.update(_bytes_field("value", record.value))

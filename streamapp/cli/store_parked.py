@@ -33,6 +33,8 @@ class _Run:
     bad: str | None = None
     sent: int = 0
     """Rows appended to the log (fewer than ``rows``: another run sent the rest)."""
+    outcomes: dict[int, str] = field(default_factory=dict)
+    """What each row's last sending back came to, read after the run (a dry run: before)."""
 
 
 @click.command("replay")
@@ -69,7 +71,10 @@ def store_parked_replay(
     a second run sends only what was parked since (--from sends rows again). A row whose
     agent or topic is not in the app stops the run (exit 1), naming it; the rows before
     it are sent. Table effects apply once; an event whose stream has moved past it is
-    skipped by its stream version (rebuild the table then, e.g. as a new version).
+    skipped by its stream version (rebuild the table then, e.g. as a new version: the
+    worker logs a WARNING naming the row). Each row is printed with its outcome
+    (pending until the worker ran it; `streamapp store parked` shows what it came to:
+    applied, filtered, parked again).
     """
     app = load_app(app_ref)
     try:
@@ -85,6 +90,15 @@ def store_parked_replay(
         run = asyncio.run(_send(app, settings.event_store, wanted, start, until, dry_run))
     except StreamappError as exc:
         raise click.ClickException(str(exc)) from exc
+    for row in run.rows:
+        origin = (row.header(PARK_SOURCE) or b"").decode(errors="replace")
+        agent = (row.header(PARK_AGENT) or b"").decode(errors="replace")
+        outcome = run.outcomes.get(row.id)
+        if dry_run:
+            before = f" (sent back before: {outcome})" if outcome is not None else ""
+            click.echo(f"would send parked row {row.id} ({origin}) back to agent {agent}{before}")
+        else:
+            click.echo(f"parked row {row.id} ({origin}) to agent {agent}: {outcome or 'pending'}")
     counts = ", ".join(f"{a}: {n}" for a, n in sorted(run.per_agent.items()))
     counts = f" ({counts})" if counts else ""
     if dry_run:
@@ -95,7 +109,7 @@ def store_parked_replay(
         click.echo(
             f"sent {_rows(run.sent)} back to their agents{counts}{elsewhere}. The running "
             "worker (or the next one to start) runs them once their partitions are live "
-            "(`streamapp store parked` lists any that fail again)"
+            "(`streamapp store parked` shows what each came to: applied, filtered, parked again)"
         )
     if run.bad is not None:
         raise click.ClickException(run.bad)
@@ -140,14 +154,11 @@ async def _send(
     es = await open_store(url)
     try:
         run = await _plan(app, es, destinations, start, until)
-        for row in run.rows:
-            if dry_run:
-                origin = (row.header(PARK_SOURCE) or b"").decode(errors="replace")
-                agent = (row.header(PARK_AGENT) or b"").decode(errors="replace")
-                click.echo(f"would send parked row {row.id} ({origin}) back to agent {agent}")
         if not dry_run and run.rows:
             ids = [row.id for row in run.rows]
             run.sent = await es.resend(app.id, uuid.uuid4().hex, ids, again=start is not None)
+        for name in dict.fromkeys(row.destination for row in run.rows):
+            run.outcomes.update(await es.resent_outcomes(app.id, name))
         return run
     finally:
         await es.close()

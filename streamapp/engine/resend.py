@@ -12,7 +12,10 @@ is read. A lane without tables has no checkpoint; its caller keeps its mark (at 
 once). The other lanes of the partition skip the entries: they settled the original.
 
 Entries run between live batches (the task's ``turn``), at most :data:`BUDGET_S` at a
-time, like a building lane's replay parts.
+time, like a building lane's replay parts. What each entry came to (applied, filtered,
+parked again) goes to the caller's ``record`` before the lanes' write, so that it is
+durable beside the log whenever the mark has moved past the entry (a crash between the
+two runs the entry again, and its first outcome stands).
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import StoreCorruptError
+from ..eventstore.base import APPLIED, FILTERED, PARKED_AGAIN
 from ..outcomes import Outcome
 from ..records import Delivery
 from .attempts import Attempts
@@ -68,6 +72,10 @@ class ResendState(NamedTuple):
     attempts: MutableMapping[str, Attempts]
 
 
+Record = Callable[[Mapping[int, str]], Awaitable[None]]
+"""Keeps what entries came to (entry number to outcome), durably, before the lanes' write."""
+
+
 def mark_of(lane: Lane, marks: MutableMapping[str, int]) -> int:
     """The last entry ``lane`` has handled: its checkpoint's, else ``marks``'."""
     tables = lane.tables
@@ -75,17 +83,21 @@ def mark_of(lane: Lane, marks: MutableMapping[str, int]) -> int:
 
 
 async def apply_resent(
-    task: PartitionTask, entries: Sequence[ResentDelivery], state: ResendState
+    task: PartitionTask,
+    entries: Sequence[ResentDelivery],
+    state: ResendState,
+    record: Record | None = None,
 ) -> Applied:
     """Run ``entries`` (this partition's, in log order) through the lanes that parked
-    them and commit each lane's mark with their effects (see the module docstring)."""
+    them, give what each came to to ``record`` and commit each lane's mark with their
+    effects (see the module docstring)."""
     if not _live(task):
         return Applied.WAIT
     async with task.turn:
         if not _live(task):  # closed or failed while waiting for the turn
             return Applied.WAIT
         try:
-            return await _apply(task, entries, state)
+            return await _apply(task, entries, state, record)
         except StoreCorruptError:
             for lane in task.lanes:
                 lane.drop()
@@ -99,10 +111,14 @@ async def apply_resent(
 
 
 async def _apply(
-    task: PartitionTask, entries: Sequence[ResentDelivery], state: ResendState
+    task: PartitionTask,
+    entries: Sequence[ResentDelivery],
+    state: ResendState,
+    record: Record | None,
 ) -> Applied:
     deadline = time.monotonic() + BUDGET_S
     done: dict[Lane, int] = {}
+    outcomes: dict[int, str] = {}
     before = {lane: dict(lane.outcomes) for lane in task.lanes}
     result, refused = Applied.DONE, None
     for k, lane in enumerate(task.lanes):
@@ -122,6 +138,7 @@ async def _apply(
                     break
                 starts = [SKIP] * len(task.lanes)
                 starts[k] = entry.delivery.position
+                counted = dict(lane.outcomes)
                 run = await run_lanes(
                     task.lanes, starts, [entry.delivery], decode_stored, 1.0, metrics=task.metrics
                 )
@@ -130,10 +147,13 @@ async def _apply(
                     break
                 lane.attempts.settled(entry.delivery.position + 1)
                 done[lane] = entry.id
+                outcomes[entry.id] = _came_to(lane.outcomes, counted)
         finally:
             lane.attempts = live
         if refused is not None or result is Applied.MORE:
             break
+    if outcomes and record is not None:
+        await record(outcomes)
     if done:
         await task._commit(
             None, lambda lane, cp: cp.advanced(resent=done[lane]) if lane in done else cp
@@ -145,6 +165,15 @@ async def _apply(
     if refused is not None:
         task._refused(refused)
     return result
+
+
+def _came_to(now: Mapping[Outcome, int], before: Mapping[Outcome, int]) -> str:
+    """What a settled entry came to, from its lane's counts around its run."""
+    if now.get(Outcome.DELIVERED, 0) > before.get(Outcome.DELIVERED, 0):
+        return APPLIED
+    if now.get(Outcome.FILTERED, 0) > before.get(Outcome.FILTERED, 0):
+        return FILTERED
+    return PARKED_AGAIN  # settled, neither delivered nor filtered: its park was confirmed
 
 
 def _log_outcomes(task: PartitionTask, lane: Lane, before: dict[Outcome, int], last: int) -> None:

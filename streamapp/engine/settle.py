@@ -5,7 +5,9 @@ retries, then a copy for the retry or dead-letter topic, committed with the batc
 left for redelivery with its attempt counted; a refusal or an unavailable table read
 stops the run there. :func:`settle_failed` is called by the lanes' run
 (:func:`~streamapp.engine.lane.run_lanes`) once per such delivery and lane; one line is
-logged per failure, with the traceback the first time per partition.
+logged per failure, with the traceback the first time per partition. A record sent back
+by a replay (``streamapp-replayed``) that the stream-version guard skips because its
+stream applied a later event meanwhile is logged as a WARNING: its table misses it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from .. import retry_chain as chain
-from ..agent import Agent, Handled, handle
+from ..agent import DUPLICATE, Agent, Handled, handle
 from ..errors import DecodeError
 from ..events import Event
 from ..logs import Gate
 from ..outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
 from ..records import Delivery
+from ..republish import REPLAYED
 from .interfaces import TaskMetrics
 from .pace import pause
 
@@ -42,6 +45,8 @@ async def settle_failed(
     and the outcome of its last attempt (the chain's inline retries make more)."""
     counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
     if handled.outcome.settles:
+        if handled is DUPLICATE:
+            _moved_on(lane, record, item)
         return True, handled
     agent = lane.agent
     if handled.outcome is Outcome.REFUSED:
@@ -127,6 +132,40 @@ async def _chain(
     lane.hops[hop_key] = lane.hops.get(hop_key, 0) + 1
     _log(agent, record, handled, then, logging.WARNING)
     return True, handled
+
+
+def _moved_on(lane: Lane, record: Delivery, item: Event | DecodeError) -> None:
+    """Warn when ``record`` was sent back by a replay and skipped by the stream-version
+    guard although its stream is past it: the event failed, a later one of its stream
+    was applied meanwhile, so the table never gets it (a stream at the event's own
+    version applied it before: no warning)."""
+    where = chain.header(record.headers, REPLAYED)
+    tables = lane.tables
+    if where is None or tables is None or isinstance(item, DecodeError):
+        return
+    sid, version = item.stream_id, item.stream_version
+    if sid is None or version is None:
+        return
+    applied = tables.applied_version(sid)
+    if applied <= version:
+        return
+    agent = lane.agent
+    log.warning(
+        "agent %s skipped %s, sent back by a replay: its stream %r moved on while it was "
+        "held: the event is stream version %d and table %s has applied the stream through "
+        "version %d, so the table misses this event (unless a replay applied it before). "
+        "To apply it, rebuild the table: deploy it as a new table version "
+        "(docs/changing-a-projection.md), or stop the workers, run `streamapp reset -A "
+        "MODULE:app --agent %s --yes` and start them again (docs/catchup.md, resetting "
+        "a projection)",
+        agent.name,
+        where.decode(errors="replace"),
+        sid,
+        version,
+        ", ".join(t.label for t in agent.tables),
+        applied,
+        agent.name,
+    )
 
 
 _TRACEBACKS = Gate(window_s=60.0)

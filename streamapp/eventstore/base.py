@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -127,10 +127,19 @@ class ParkedRecord:
 
 
 class Resent(NamedTuple):
-    """An entry of the resend log: its number (increasing) and the parked row sent back."""
+    """An entry of the resend log: its number (increasing), the parked row sent back and
+    what it came to (None: not run yet; see :data:`RESENT_OUTCOMES`)."""
 
     id: int
     parked: ParkedRecord
+    outcome: str | None = None
+
+
+PENDING, APPLIED, FILTERED, PARKED_AGAIN = "pending", "applied", "filtered", "parked again"
+"""What a parked row sent back came to (``streamapp store parked`` shows it): ``pending``
+(not run yet), ``applied`` (its agent ran it), ``filtered`` (its agent's filter or its
+table's stream-version guard skipped it), ``parked again`` (it failed again)."""
+RESENT_OUTCOMES = (PENDING, APPLIED, FILTERED, PARKED_AGAIN)
 
 
 def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
@@ -272,6 +281,17 @@ class EventStoreBackend(EventStore, Protocol):
     async def resent_through(self, app_id: str, destination: str) -> int:
         """The highest parked row id of ``destination`` sent back for ``app_id`` (0:
         none): where a replay run without ``--from`` starts after."""
+        ...
+
+    async def record_resent(self, app_id: str, outcomes: Mapping[int, str]) -> None:
+        """Record what entries of ``app_id``'s resend log came to (entry number to one of
+        :data:`RESENT_OUTCOMES`), committed when this returns. An entry keeps the first
+        outcome recorded: a table rebuilt later runs it again and skips it."""
+        ...
+
+    async def resent_outcomes(self, app_id: str, destination: str) -> dict[int, str]:
+        """Each parked row of ``destination`` sent back for ``app_id``: what its last
+        entry in the resend log came to (``pending`` until the worker ran it)."""
         ...
 
     async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:

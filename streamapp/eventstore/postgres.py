@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -43,6 +43,7 @@ from ..events import Event
 from ..storeurl import SETTING
 from .base import (
     LIVE_OFFSET_SQL,
+    PENDING,
     STORED_TWICE_SQL,
     Append,
     AppendResult,
@@ -116,6 +117,8 @@ SCHEMA = [
         sent_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         UNIQUE (app_id, run, parked_id))""",
     """CREATE INDEX IF NOT EXISTS streamapp_resent_app ON streamapp_resent (app_id, id)""",
+    # what an entry came to (NULL: not run yet; an older streamapp's entries have none)
+    """ALTER TABLE streamapp_resent ADD COLUMN IF NOT EXISTS outcome TEXT""",
     """CREATE TABLE IF NOT EXISTS streamapp_ledger (
         app_id TEXT NOT NULL, key TEXT NOT NULL, value BYTEA, PRIMARY KEY (app_id, key))""",
     """CREATE TABLE IF NOT EXISTS streamapp_store (
@@ -249,18 +252,14 @@ class PostgresEventStore:
 
     async def read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
         self.reads += 1
-
-        async def read(conn: Connection) -> list[StoredRow]:
-            cur = await conn.execute(
-                "SELECT position, stream_id, payload FROM streamapp_events "
-                "WHERE position >= %s ORDER BY position LIMIT %s",
-                (from_position, limit),
-                binary=True,
-            )
-            rows: list[StoredRow] = await cur.fetchall()
-            return rows
-
-        return await self.session.run(read, "a read")
+        rows: list[StoredRow] = await self._rows(
+            "SELECT position, stream_id, payload FROM streamapp_events "
+            "WHERE position >= %s ORDER BY position LIMIT %s",
+            (from_position, limit),
+            "a read",
+            binary=True,
+        )
+        return rows
 
     async def read_stream(self, stream_id: str) -> list[StoredEvent]:
         return await self._select(
@@ -269,21 +268,16 @@ class PostgresEventStore:
         )
 
     async def head(self) -> int:
-        async def head(conn: Connection) -> int:
-            cur = await conn.execute("SELECT coalesce(max(position), 0) FROM streamapp_events")
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
-
-        return await self.session.run(head, "reading the head")
+        sql = "SELECT coalesce(max(position), 0) FROM streamapp_events"
+        rows = await self._rows(sql, (), "reading the head")
+        return int(rows[0][0]) if rows else 0
 
     async def store_id(self) -> str:
-        async def store_id(conn: Connection) -> str:
-            cur = await conn.execute("SELECT id FROM streamapp_store")
-            row = await cur.fetchone()
-            assert row is not None  # made with the schema at open
-            return str(row[0])
-
-        return await self.session.run(store_id, "reading the store's identity")
+        rows = await self._rows(
+            "SELECT id FROM streamapp_store", (), "reading the store's identity"
+        )
+        assert rows  # made with the schema at open
+        return str(rows[0][0])
 
     async def close(self) -> None:
         await self.session.close()
@@ -292,14 +286,9 @@ class PostgresEventStore:
         """The first offset of ``topic[partition]`` that may carry a position >= ``position``
         (see :func:`streamapp.eventstore.base.LIVE_OFFSET_SQL`); None: no mark yet."""
 
-        async def offset(conn: Connection) -> int | None:
-            cur = await conn.execute(
-                LIVE_OFFSET_SQL.replace("?", "%s"), (topic, partition, position)
-            )
-            row = await cur.fetchone()
-            return None if row is None or row[0] is None else int(row[0]) + 1
-
-        return await self.session.run(offset, "reading the forwarder marks")
+        sql = LIVE_OFFSET_SQL.replace("?", "%s")
+        rows = await self._rows(sql, (topic, partition, position), "reading the forwarder marks")
+        return None if not rows or rows[0][0] is None else int(rows[0][0]) + 1
 
     def worker_lock(self, app_id: str) -> PostgresWorkerLock:
         """Held for a store-only worker's life; a second worker of the app is refused."""
@@ -348,39 +337,52 @@ class PostgresEventStore:
         return await self.session.run(resend, "sending parked rows back")
 
     async def resent(self, app_id: str, after: int, limit: int) -> list[Resent]:
-        async def read(conn: Connection) -> list[Any]:
-            cur = await conn.execute(
-                "SELECT r.id, p.id, p.destination, p.key, p.value, p.headers, p.parked_at "
-                "FROM streamapp_resent r JOIN streamapp_parked p ON p.id = r.parked_id "
-                "WHERE r.app_id = %s AND r.id > %s ORDER BY r.id LIMIT %s",
-                (app_id, after, limit),
-            )
-            return await cur.fetchall()
-
-        rows = await self.session.run(read, "reading the resend log")
-        return [Resent(row[0], _parked_record(row[1:])) for row in rows]
+        rows = await self._rows(
+            "SELECT r.id, p.id, p.destination, p.key, p.value, p.headers, p.parked_at, "
+            "r.outcome FROM streamapp_resent r JOIN streamapp_parked p ON p.id = r.parked_id "
+            "WHERE r.app_id = %s AND r.id > %s ORDER BY r.id LIMIT %s",
+            (app_id, after, limit),
+            "reading the resend log",
+        )
+        return [Resent(row[0], _parked_record(row[1:7]), row[7]) for row in rows]
 
     async def resent_through(self, app_id: str, destination: str) -> int:
-        async def read(conn: Connection) -> Any:
-            cur = await conn.execute(
-                "SELECT max(r.parked_id) FROM streamapp_resent r JOIN streamapp_parked p "
-                "ON p.id = r.parked_id WHERE r.app_id = %s AND p.destination = %s",
-                (app_id, destination),
-            )
-            return await cur.fetchone()
+        rows = await self._rows(
+            "SELECT max(r.parked_id) FROM streamapp_resent r JOIN streamapp_parked p "
+            "ON p.id = r.parked_id WHERE r.app_id = %s AND p.destination = %s",
+            (app_id, destination),
+            "reading the resend log",
+        )
+        return int(rows[0][0] or 0) if rows else 0
 
-        row = await self.session.run(read, "reading the resend log")
-        return int(row[0] or 0) if row else 0
+    async def record_resent(self, app_id: str, outcomes: Mapping[int, str]) -> None:
+        async def record(conn: Connection) -> None:
+            async with conn.transaction(), conn.cursor() as cur:
+                await cur.executemany(
+                    "UPDATE streamapp_resent SET outcome = %s "
+                    "WHERE app_id = %s AND id = %s AND outcome IS NULL",
+                    [(o, app_id, i) for i, o in outcomes.items()],
+                )
+
+        if outcomes:  # run again after a lost connection: an entry keeps its first outcome
+            await self.session.run(record, "recording what parked rows sent back came to")
+
+    async def resent_outcomes(self, app_id: str, destination: str) -> dict[int, str]:
+        rows = await self._rows(
+            "SELECT DISTINCT ON (r.parked_id) r.parked_id, r.outcome "
+            "FROM streamapp_resent r JOIN streamapp_parked p ON p.id = r.parked_id "
+            "WHERE r.app_id = %s AND p.destination = %s ORDER BY r.parked_id, r.id DESC",
+            (app_id, destination),
+            "reading the resend log",
+        )
+        return {int(i): o or PENDING for i, o in rows}
 
     async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:
-        async def read(conn: Connection) -> list[Any]:
-            cur = await conn.execute(
-                "SELECT key, value FROM streamapp_ledger WHERE app_id = %s ORDER BY key",
-                (app_id,),
-            )
-            return await cur.fetchall()
-
-        rows = await self.session.run(read, "reading the ledger")
+        rows = await self._rows(
+            "SELECT key, value FROM streamapp_ledger WHERE app_id = %s ORDER BY key",
+            (app_id,),
+            "reading the ledger",
+        )
         return [(str(k), None if v is None else bytes(v)) for k, v in rows]
 
     async def put_ledger_record(self, app_id: str, key: str, value: bytes) -> None:
@@ -394,27 +396,31 @@ class PostgresEventStore:
         await self.session.run(put, "writing the ledger")
 
     async def parked(self, destination: str) -> list[ParkedRecord]:
-        async def parked(conn: Connection) -> list[Any]:
-            cur = await conn.execute(
-                "SELECT id, destination, key, value, headers, parked_at FROM streamapp_parked "
-                "WHERE destination = %s ORDER BY id",
-                (destination,),
-            )
-            return await cur.fetchall()
-
-        rows = await self.session.run(parked, "reading parked records")
+        rows = await self._rows(
+            "SELECT id, destination, key, value, headers, parked_at FROM streamapp_parked "
+            "WHERE destination = %s ORDER BY id",
+            (destination,),
+            "reading parked records",
+        )
         return [_parked_record(row) for row in rows]
 
     def forwarder_state(self, name: str) -> PostgresForwarderState:
         """The lock (a session advisory lock) and checkpoint of forwarder ``name``."""
         return PostgresForwarderState(self.session, self.url, name)
 
-    async def _select(self, query: str, params: tuple[Any, ...]) -> list[StoredEvent]:
-        async def select(conn: Connection) -> list[Any]:
-            cur = await conn.execute(query, params, binary=True)
+    async def _rows(
+        self, query: str, params: tuple[Any, ...], what: str, *, binary: bool = False
+    ) -> list[Any]:
+        """Every row of one read-only ``query`` (run again after a lost connection)."""
+
+        async def read(conn: Connection) -> list[Any]:
+            cur = await conn.execute(query, params, binary=binary)
             return await cur.fetchall()
 
-        rows = await self.session.run(select, "a read")
+        return await self.session.run(read, what)
+
+    async def _select(self, query: str, params: tuple[Any, ...]) -> list[StoredEvent]:
+        rows = await self._rows(query, params, "a read", binary=True)
         return [StoredEvent(p, s, v, bytes(b)) for p, s, v, b in rows]
 
 

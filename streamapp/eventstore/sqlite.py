@@ -21,7 +21,7 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +31,7 @@ from ..events import Event
 from ..storeurl import SETTING, parse_url
 from .base import (
     LIVE_OFFSET_SQL,
+    PENDING,
     STORED_TWICE_SQL,
     Append,
     AppendResult,
@@ -91,6 +92,7 @@ CREATE TABLE IF NOT EXISTS streamapp_resent (
     run TEXT NOT NULL,
     parked_id INTEGER NOT NULL,
     sent_at REAL NOT NULL,
+    outcome TEXT,
     UNIQUE (app_id, run, parked_id)
 );
 CREATE INDEX IF NOT EXISTS streamapp_resent_app ON streamapp_resent (app_id, id);
@@ -248,18 +250,12 @@ class SqliteEventStore:
         row = (destination, key, value, encode_headers(headers), time.time())
 
         def park() -> None:
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(self._conn) as conn:
                 conn.execute(
                     "INSERT INTO streamapp_parked (destination, key, value, headers, parked_at) "
                     "VALUES (?, ?, ?, ?, ?)",
                     row,
                 )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
 
         await self._run(park)
 
@@ -288,33 +284,28 @@ class SqliteEventStore:
         )
 
         def resend() -> int:
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")  # one writer: numbered in commit order
-            try:
+            with _immediate(self._conn) as conn:  # one writer: numbered in commit order
                 before = conn.total_changes
                 conn.executemany(sql, [(app_id, run, i, now, again, app_id, i) for i in parked_ids])
-                added = conn.total_changes - before
-                conn.execute("COMMIT")
-                return added
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+                return conn.total_changes - before
 
         return await self._run(resend)
 
     async def resent(self, app_id: str, after: int, limit: int) -> list[Resent]:
         def read() -> list[Resent]:
             rows = self._conn.execute(
-                "SELECT r.id, p.id, p.destination, p.key, p.value, p.headers, p.parked_at "
-                "FROM streamapp_resent r JOIN streamapp_parked p ON p.id = r.parked_id "
+                "SELECT r.id, p.id, p.destination, p.key, p.value, p.headers, p.parked_at, "
+                "r.outcome FROM streamapp_resent r JOIN streamapp_parked p ON p.id = r.parked_id "
                 "WHERE r.app_id = ? AND r.id > ? ORDER BY r.id LIMIT ?",
                 (app_id, after, limit),
             ).fetchall()
             return [
                 Resent(
-                    r, ParkedRecord(i, d, k, v, decode_headers(h), datetime.fromtimestamp(at, UTC))
+                    r,
+                    ParkedRecord(i, d, k, v, decode_headers(h), datetime.fromtimestamp(at, UTC)),
+                    o,
                 )
-                for r, i, d, k, v, h, at in rows
+                for r, i, d, k, v, h, at, o in rows
             ]
 
         return await self._run(read)
@@ -326,6 +317,29 @@ class SqliteEventStore:
         )
         row = await self._run(lambda: self._conn.execute(sql, (app_id, destination)).fetchone())
         return int(row[0] or 0)
+
+    async def record_resent(self, app_id: str, outcomes: Mapping[int, str]) -> None:
+        sql = (
+            "UPDATE streamapp_resent SET outcome = ? "
+            "WHERE app_id = ? AND id = ? AND outcome IS NULL"
+        )
+
+        def record() -> None:
+            with _immediate(self._conn) as conn:
+                conn.executemany(sql, [(o, app_id, i) for i, o in outcomes.items()])
+
+        if outcomes:
+            await self._run(record)
+
+    async def resent_outcomes(self, app_id: str, destination: str) -> dict[int, str]:
+        sql = (
+            "SELECT r.parked_id, r.outcome FROM streamapp_resent r WHERE r.id IN ("
+            "SELECT max(l.id) FROM streamapp_resent l JOIN streamapp_parked p "
+            "ON p.id = l.parked_id WHERE l.app_id = ? AND p.destination = ? "
+            "GROUP BY l.parked_id)"
+        )
+        rows = await self._run(lambda: self._conn.execute(sql, (app_id, destination)).fetchall())
+        return {int(i): o or PENDING for i, o in rows}
 
     async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:
         sql = "SELECT key, value FROM streamapp_ledger WHERE app_id = ? ORDER BY key"
@@ -360,9 +374,7 @@ class SqliteEventStore:
         return rows
 
     def _append_many(self, appends: Sequence[Append], on_duplicate: OnDuplicate) -> BatchResult:
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(self._conn) as conn:
             versions = _versions(conn, {a.stream_id for a in appends})
             known = _known(conn, event_keys(appends))
             (head,) = conn.execute(
@@ -374,11 +386,20 @@ class SqliteEventStore:
                 "VALUES (?, ?, ?, ?, ?)",
                 rows,
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         return result
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction on ``conn`` that takes the write lock up front (waiting up to
+    the busy timeout); committed at the end, rolled back on any error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def _connect(path: Path, busy_timeout_s: float, url: str, create: bool) -> sqlite3.Connection:
@@ -447,6 +468,14 @@ def _add_event_keys(conn: sqlite3.Connection, url: str) -> None:
     log_indexed(url, int(twice))
 
 
+def _add_resent_outcome(conn: sqlite3.Connection) -> None:
+    """Give a store made before resend outcomes its ``streamapp_resent.outcome`` column
+    (entries an older streamapp ran have none: they are listed as pending)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(streamapp_resent)")}
+    if "outcome" not in columns:
+        conn.execute("ALTER TABLE streamapp_resent ADD COLUMN outcome TEXT")
+
+
 def _prepare(conn: sqlite3.Connection, busy_timeout_s: float, url: str) -> None:
     """WAL mode and the schema. Switching to WAL does not wait on the busy handler, so
     processes that create the same new file at once retry here until the busy timeout."""
@@ -458,6 +487,7 @@ def _prepare(conn: sqlite3.Connection, busy_timeout_s: float, url: str) -> None:
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript("BEGIN IMMEDIATE;" + SCHEMA)
             _add_event_keys(conn, url)
+            _add_resent_outcome(conn)
             conn.execute(EVENT_KEY_INDEX)
             conn.execute("COMMIT")
             return

@@ -7,7 +7,10 @@ stream id's, by the one partitioner, so a changed partition count still finds it
 entry whose agent or topic is no longer in the app is skipped with a warning (the CLI
 refuses to send such rows). Marks of lanes without tables live in the store's ledger
 under :data:`MARK_PREFIX`, written after the lane ran the entries: at least once, like
-every delivery to such an agent.
+every delivery to such an agent. What each entry came to is recorded in the log
+(``streamapp store parked`` shows it), before the lanes' write; an entry run for the
+first time carries ``streamapp-replayed`` (``parked row N``), so that a skip by stream
+version of an event its table never applied is logged as a WARNING naming the row.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import orjson
 
@@ -28,7 +31,7 @@ from ..eventstore.base import EventStoreBackend, Resent
 from ..logs import Gate
 from ..outcomes import parking
 from ..records import DeliveryRecord
-from ..republish import PARK_AGENT, parked_source, stripped
+from ..republish import PARK_AGENT, REPLAYED, parked_source, stripped
 
 log = logging.getLogger("streamapp.eventstore")
 
@@ -122,7 +125,7 @@ class ResendFollower:
         if time.monotonic() < self._not_before.get(task.name, 0.0):
             return Applied.WAIT
         state = self.states.setdefault(task.name, ResendState({}, {}))
-        applied = await apply_resent(task, mine, state)
+        applied = await apply_resent(task, mine, state, self._record)
         failing = [a.pause_s() for a in state.attempts.values() if a.failed]
         if failing:  # Redeliver's back-off, as for a live delivery
             self._not_before[task.name] = time.monotonic() + max(failing)
@@ -132,6 +135,9 @@ class ResendFollower:
                 await self.store.put_ledger_record(self.app.id, key, orjson.dumps(mark))
                 self._persisted[(task.name, agent)] = mark
         return applied
+
+    async def _record(self, outcomes: Mapping[int, str]) -> None:
+        await self.store.record_resent(self.app.id, outcomes)
 
     def _lowest(self, tasks: Iterable[PartitionTask]) -> int:
         marks = [
@@ -172,13 +178,11 @@ class ResendFollower:
             if task is None or agent.decode() not in {lane.name for lane in task.lanes}:
                 _skip(entry, f"no agent {agent.decode()!r} of topic {topic.name} parks here")
                 continue
+            headers = stripped(parked.headers)
+            if entry.outcome is None:  # run again (a rebuilt table): skips are no news
+                headers.append((REPLAYED, f"parked row {parked.id}".encode()))
             delivery = DeliveryRecord(
-                topic.name,
-                task.partition,
-                source[1],
-                parked.key,
-                parked.value,
-                tuple(stripped(parked.headers)),
+                topic.name, task.partition, source[1], parked.key, parked.value, tuple(headers)
             )
             out.setdefault(task, []).append(ResentDelivery(entry.id, agent.decode(), delivery))
         return out

@@ -142,6 +142,11 @@ def agent_of(row: dict[str, Any]) -> str:
     return str(next(h["value"] for h in row["headers"] if h["name"] == "streamapp-agent"))
 
 
+def partition(row: dict[str, Any]) -> int:
+    """The source partition of ``row`` (``source``: ``topic/partition/position``)."""
+    return int(str(row["source"]).rsplit("/", 2)[1])
+
+
 def outcomes(status: dict[str, Any], agent: str) -> Counter[str]:
     total: Counter[str] = Counter()
     for p in status["partitions"].values():
@@ -192,7 +197,13 @@ async def test_parked_rows_go_back_to_their_agent_once_per_run(
             assert first.returncode == 0, first.stderr
             assert "sent 2 parked rows back to their agents" in first.stdout, first.stdout
             early = [r for r in rows if r["id"] < third]
-            await asyncio.sleep(3)  # the dry run sent nothing; the first run sent 2 rows
+            assert first.stdout.count(" to agent ") == 2, first.stdout  # a line per row
+
+            def first_run_done() -> bool:  # the dry run sent nothing; the first run 2 rows
+                listed = {r["id"]: r["outcome"] for r in w.parked()}
+                return listed == {r["id"]: "applied" if r in early else None for r in rows}
+
+            await until("the first run's 2 rows applied, no other row sent", first_run_done, worker)
             status = await wait_status(worker)
             handled = outcomes(status, "park_ids") + outcomes(status, "side_effects")
             assert handled["delivered"] == 4 + 4 + 2, handled  # good (x2 agents), then 2
@@ -219,9 +230,24 @@ async def test_parked_rows_go_back_to_their_agent_once_per_run(
             worker.kill()  # kill -9: the marks are durable, nothing runs twice
             worker = w.worker()
             status = await wait_status(worker)
-            await asyncio.sleep(3)  # several polls of the resend log
+            # A probe on each partition, behind the log's entries: one park_ids row sent
+            # again, skipped by stream version. Once each probe has its outcome, the
+            # restarted worker has read the log past every earlier entry.
+            probes = [
+                min(r["id"] for r in rows if agent_of(r) == "park_ids" and partition(r) == p)
+                for p in (0, 1)
+            ]
+            for probe in probes:
+                sent = w.cli("replay", "--from", str(probe), "--until", str(probe + 1))
+                assert "sent 1 parked row back" in sent.stdout, sent.stdout + sent.stderr
+
+            def probed() -> bool:
+                listed = {r["id"]: r["outcome"] for r in w.parked()}
+                return all(listed[probe] == "filtered" for probe in probes)
+
+            await until("both probes run (filtered: applied already)", probed, worker)
             status = await wait_status(worker)
-            assert not outcomes(status, "park_ids")
+            assert outcomes(status, "park_ids") == {"filtered": 2}  # the probes only
             assert not outcomes(status, "side_effects")
             assert set(w.side_ids().values()) == {1}
             assert await exact()
@@ -238,14 +264,90 @@ async def test_parked_rows_go_back_to_their_agent_once_per_run(
                 r["source"] for r in rows if agent_of(r) == "side_effects"
             }
             status = await wait_status(worker)
-            assert outcomes(status, "park_ids")["filtered"] == 4  # applied already: skipped
+            assert outcomes(status, "park_ids")["filtered"] == 2 + 4  # applied already: skipped
             assert await exact()
             w.gate.unlink()
             last = w.cli("replay")
             assert "sent 4 parked rows back" in last.stdout, last.stdout
             twice = {ids[s]: 2 for s in gated} | {ids[s]: 1 for s in good}
             await until("gated side effects run twice", lambda: w.side_ids() == twice, worker)
-            await asyncio.sleep(2)  # and no more
+            again_ids = {r["id"] for r in again_parked}
+
+            def settled() -> bool:  # the last run's rows have run: nothing more will
+                listed = {r["id"]: r["outcome"] for r in w.parked()}
+                return all(listed[i] == "applied" for i in again_ids)
+
+            await until("the last run's 4 rows applied", settled, worker)
             assert w.side_ids() == twice
+            assert "sent back by a replay" not in worker.log_text()  # no stream moved on
         finally:
             assert worker.stop() == 0, worker.log_text()[-3000:]
+
+
+async def test_a_row_whose_stream_moved_on_is_filtered_with_a_warning_and_listed_so(
+    tmp_path: Path, store_url: Callable[[], contextlib.AbstractAsyncContextManager[str]]
+) -> None:
+    """A parked event whose stream applied a later event meanwhile is skipped by stream
+    version when sent back: the worker logs a WARNING naming the row, the stream, both
+    versions and the rebuild, and ``store parked`` lists it ``filtered`` beside a row
+    that ``applied``."""
+    async with store_url() as url:
+        w = World(tmp_path, url)
+        w.gate.touch()
+        worker = w.worker()
+        try:
+            await wait_status(worker)
+            moved, kept = streams("mv")[0], streams("kp")[0]
+            failed = Event.create("gated", stream_id=moved, data={})
+            alone = Event.create("gated", stream_id=kept, data={})
+            later = Event.create("fine", stream_id=moved, data={})  # version 2 of moved
+            await append_to_store(url, [failed, alone])
+            await append_to_store(url, [later])
+            rows = await until("4 rows parked", lambda: len(w.parked()) == 4 and w.parked(), worker)
+            assert {r["outcome"] for r in rows} == {None}  # never sent back
+
+            async def later_applied() -> bool:
+                return (await read_table([worker], "applied", [moved]))[moved] == [later.id]
+
+            await until("the stream's later event applied", later_applied, worker)
+            w.gate.unlink()  # the handler is fixed
+            sent = w.cli("replay")
+            assert sent.returncode == 0, sent.stderr
+            assert "sent 4 parked rows back" in sent.stdout, sent.stdout
+            assert sent.stdout.count(" to agent ") == 4, sent.stdout
+
+            def ran() -> list[dict[str, Any]] | None:
+                listed = w.parked()
+                done = all(r["outcome"] not in (None, "pending") for r in listed)
+                return listed if done else None
+
+            listed = await until("every row sent back run", ran, worker)
+            by_id = {r["id"]: r for r in listed}
+            row = next(r for r in rows if agent_of(r) == "park_ids" and event_id(r) == failed.id)
+            expected = {r["id"]: "applied" for r in rows} | {row["id"]: "filtered"}
+            assert {i: r["outcome"] for i, r in by_id.items()} == expected
+            table = await read_table([worker], "applied", [moved, kept])
+            assert table == {moved: [later.id], kept: [alone.id]}  # moved misses it
+
+            warnings = [
+                line for line in worker.log_text().splitlines() if "sent back by a replay" in line
+            ]
+            assert len(warnings) == 1, warnings
+            (line,) = warnings
+            assert "WARNING" in line, line
+            for part in (
+                f"agent park_ids skipped parked row {row['id']}",
+                f"its stream {moved!r} moved on",
+                "the event is stream version 1",
+                "table applied has applied the stream through version 2",
+                "new table version",
+                "streamapp reset -A MODULE:app --agent park_ids --yes",
+            ):
+                assert part in line, (part, line)
+        finally:
+            assert worker.stop() == 0, worker.log_text()[-3000:]
+
+
+def event_id(row: dict[str, Any]) -> str:
+    """The CloudEvent id of the stored event ``row`` parked."""
+    return str(orjson.loads(row["value"])["id"])

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from streamapp import Event
 from streamapp.codecs import kafka as codec
 from streamapp.partitioner import partition_for
+from streamapp.republish import REPLAYED
 
 from .harness import (
     ROOT,
@@ -112,12 +113,14 @@ def ids_of(records: list[Any]) -> list[str]:
     return [dict(r.headers)["ce_id"].decode() for r in records]
 
 
-def assert_back_as_sent(original: Any, replayed: Any) -> None:
-    """The replayed record is the one first sent: key, value, every header, nothing more."""
+def assert_back_as_sent(original: Any, replayed: Any, held: Any) -> None:
+    """The replayed record is the one first sent: key, value, every header, and one more
+    naming where it was held (``held``, the parked or dead-letter copy)."""
     assert replayed.key == original.key
     assert replayed.value == original.value
-    assert list(replayed.headers) == list(original.headers)
-    names = [n for n, _ in replayed.headers]
+    where = f"{held.topic}/{held.partition}/{held.offset}".encode()
+    assert list(replayed.headers) == [*original.headers, (REPLAYED, where)]
+    names = [n for n, _ in replayed.headers[:-1]]
     assert BUSINESS in list(replayed.headers)
     assert not [n for n in names if n in OWN or n.startswith("streamapp-")], names
 
@@ -189,11 +192,13 @@ async def test_parked_records_go_back_once_per_run(kafka_bootstrap: str, tmp_pat
         assert all(len(table[s]) == 1 for s in good)
         replayed = await read_all(kafka_bootstrap, source)
         assert len(replayed) == 12
+        held = {ids_of([r])[0]: r for r in parked}
         for record in replayed:
             first = originals[ids_of([record])[0]]
             if (record.partition, record.offset) != (first.partition, first.offset):
-                assert_back_as_sent(first, record)
+                assert_back_as_sent(first, record, held[ids_of([record])[0]])
         assert sorted(ids_of(replayed)) == sorted([*originals, *by_stream.values()])
+        assert "sent back by a replay" not in worker.log_text()  # no versions, no guard
     finally:
         assert worker.stop() == 0
 
@@ -264,9 +269,68 @@ async def test_dead_letters_go_back_bounded(kafka_bootstrap: str, tmp_path: Path
         assert {s: table[s] for s in gated} == {r.key.decode(): ids_of([r]) for r in dead}
         records = await read_all(kafka_bootstrap, source)
         assert len(records) == 6
+        held = {ids_of([r])[0]: r for r in dead}
         for record in records:
             first = originals[ids_of([record])[0]]
             if (record.partition, record.offset) != (first.partition, first.offset):
-                assert_back_as_sent(first, record)
+                assert_back_as_sent(first, record, held[ids_of([record])[0]])
+    finally:
+        assert worker.stop() == 0
+
+
+async def test_a_record_whose_stream_moved_on_is_skipped_with_a_warning(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A parked event (stream version 1) whose stream applied version 2 meanwhile is
+    skipped by stream version when sent back: the worker logs a WARNING naming the
+    parked record, the stream and both versions; a stream that did not move on applies
+    its event without one."""
+    ns = f"rpm{uuid.uuid4().hex[:6]}-"
+    create_topics(kafka_bootstrap, ns, APP)
+    gate = tmp_path / "gate"
+    gate.touch()
+    source, parking = f"{ns}rp-park", f"{ns}rp-park.parked"
+    moved, kept = streams_on(0, 2, "mv")
+    failed = Event.create("gated", stream_id=moved, data={}, version=1)
+    alone = Event.create("gated", stream_id=kept, data={}, version=1)
+    later = Event.create("fine", stream_id=moved, data={}, version=2)
+    await produce(kafka_bootstrap, source, [failed, alone, later])
+    worker = WorkerProc(
+        kafka_bootstrap,
+        ns,
+        tmp_path / "data",
+        tmp_path / "w.log",
+        app_ref=APP,
+        extra_env={"STREAMAPP_TEST_REPLAY_GATE": str(gate)},
+    ).start()
+    try:
+        await wait_ready(worker)
+        parked = await wait_records(kafka_bootstrap, parking, 2, worker)
+        await wait_caught_up(kafka_bootstrap, f"{ns}rp", source, 60, [worker])
+        assert await read_table([worker], "applied", [moved, kept]) == {
+            moved: [later.id],
+            kept: None,
+        }
+        gate.unlink()
+        sent = cli(kafka_bootstrap, ns, "parked", "replay", "--topic", parking)
+        assert sent.returncode == 0, sent.stderr
+        await wait_caught_up(kafka_bootstrap, f"{ns}rp", source, 60, [worker])
+        assert await read_table([worker], "applied", [moved, kept]) == {
+            moved: [later.id],  # the table misses the parked event: the warning says so
+            kept: [alone.id],
+        }
+        (held,) = [r for r in parked if r.key == moved.encode()]
+        warnings = [line for line in worker.log_text().splitlines() if "by a replay" in line]
+        assert len(warnings) == 1, warnings
+        (line,) = warnings
+        for part in (
+            "WARNING",
+            f"agent park_ids skipped {parking}/{held.partition}/{held.offset}",
+            f"its stream {moved!r} moved on",
+            "the event is stream version 1",
+            "table applied has applied the stream through version 2",
+            "streamapp reset -A MODULE:app --agent park_ids --yes",
+        ):
+            assert part in line, (part, line)
     finally:
         assert worker.stop() == 0

@@ -29,6 +29,7 @@ from streamapp.codecs import amqp as codec
 from streamapp.partitioner import partition_for
 from streamapp.rabbitmq.sink import RabbitSink
 from streamapp.rabbitmq.wire import from_message
+from streamapp.republish import REPLAYED
 from tests.conftest import Services
 
 from .harness import ROOT, WorkerProc, app_env, read_table, streamapp_cmd, wait_ready
@@ -128,10 +129,15 @@ def id_of(message: tuple[Any, ...]) -> str:
     return str(dict(message[2])["cloudEvents_id"].decode())
 
 
-def assert_back_as_sent(original: tuple[Any, ...], replayed: tuple[Any, ...]) -> None:
+def assert_back_as_sent(original: tuple[Any, ...], replayed: tuple[Any, ...], held: str) -> None:
+    """Key, body and every header as first sent, and one more naming where it was held
+    (a message of one of ``held``'s queues)."""
     assert replayed[:2] == original[:2]  # key and body
-    assert sorted(replayed[2]) == sorted(original[2])  # every header, nothing more
-    names = [n for n, _ in replayed[2]]
+    (where,) = [v for n, v in replayed[2] if n == REPLAYED]
+    assert where.startswith(f"queue {held}.".encode()), where
+    kept = [h for h in replayed[2] if h[0] != REPLAYED]
+    assert sorted(kept) == sorted(original[2])  # every header, nothing more
+    names = [n for n, _ in kept]
     assert BUSINESS in replayed[2]
     assert not [n for n in names if n in OWN or n.startswith("streamapp-")], names
 
@@ -236,7 +242,8 @@ async def test_parked_messages_go_back_once(amqp: str, tmp_path: Path) -> None:
         }
         assert all(len(table[s]) == 1 for s in good)
         for replayed in seen[6:]:
-            assert_back_as_sent(originals[id_of(replayed)], replayed)
+            assert_back_as_sent(originals[id_of(replayed)], replayed, parking)
+        assert "sent back by a replay" not in worker.log_text()  # no versions, no guard
     finally:
         assert worker.stop() == 0
 
@@ -267,7 +274,65 @@ async def test_dead_letters_go_back_once(amqp: str, tmp_path: Path) -> None:
             assert len(seen) == 6
         assert {s: table[s] for s in gated} == {m[0].decode(): [id_of(m)] for m in seen[:3]}
         for replayed in seen[3:]:
-            assert_back_as_sent(originals[id_of(replayed)], replayed)
+            assert_back_as_sent(originals[id_of(replayed)], replayed, dlq)
+    finally:
+        assert worker.stop() == 0
+
+
+async def test_a_message_whose_stream_moved_on_is_skipped_with_a_warning(
+    amqp: str, tmp_path: Path
+) -> None:
+    """A parked event (stream version 1) whose stream applied version 2 meanwhile is
+    skipped by stream version when sent back: the worker logs a WARNING naming the
+    parked message, the stream and both versions; a stream that did not move on
+    applies its event without one."""
+    ns = f"rpm{uuid.uuid4().hex[:6]}-"
+    gate = tmp_path / "gate"
+    gate.touch()
+    source, parking = f"{ns}rp-park", f"{ns}rp-park.parked"
+    moved, kept = streams_on(0, 2, "mv")
+    failed = Event.create("gated", stream_id=moved, data={}, version=1)
+    alone = Event.create("gated", stream_id=kept, data={}, version=1)
+    later = Event.create("fine", stream_id=moved, data={}, version=2)
+    worker = run_worker(ns, amqp, tmp_path, gate)
+    try:
+        await wait_ready(worker)
+        await send(amqp, source, [failed, alone, later])
+
+        async def parked_both() -> bool:
+            assert worker.alive, worker.log_text()[-3000:]
+            return await depth(amqp, parking) == 2
+
+        await until(parked_both, "2 messages parked")
+        table = await settled(worker, amqp, source, "applied", [moved, kept])
+        assert table == {moved: [later.id], kept: None}
+        gate.unlink()
+        run = cli(ns, amqp, "parked", "replay", "--topic", parking)
+        assert run.returncode == 0, run.stderr
+        assert f"sent 2 records back to their origin topic ({source}: 2)" in run.stdout
+
+        def warned() -> list[str]:
+            log = worker.log_text().splitlines()
+            return [line for line in log if "by a replay" in line]
+
+        async def applied_kept() -> bool:
+            assert worker.alive, worker.log_text()[-3000:]
+            got = await read_table([worker], "applied", [kept])
+            return got[kept] == [alone.id]
+
+        await until(applied_kept, f"the event of {kept} applied")
+        table = await settled(worker, amqp, source, "applied", [moved, kept])
+        assert table == {moved: [later.id], kept: [alone.id]}  # moved misses it
+        (line,) = warned()
+        for part in (
+            "WARNING",
+            f"agent park_ids skipped queue {parking}.",
+            f"its stream {moved!r} moved on",
+            "the event is stream version 1",
+            "table applied has applied the stream through version 2",
+            "streamapp reset -A MODULE:app --agent park_ids --yes",
+        ):
+            assert part in line, (part, line)
     finally:
         assert worker.stop() == 0
 

@@ -23,7 +23,7 @@ from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
 from tests.support import crashpoint
 
-from .harness import WorkerProc, create_topics, read_table, wait_ready
+from .harness import WorkerProc, create_topics, lag, read_table, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -202,7 +202,23 @@ async def test_kill_9_between_the_retry_copy_and_the_commit(
             return table == expected
 
         await _until(done, 30, "every event applied once")
-        await asyncio.sleep(1.5)
+
+        async def at_rest() -> bool:  # nothing left that could apply an event again
+            status = await second.status()
+            relays = (status or {}).get("relays") or []
+            behind = [r for r in relays if r["held_copies"] or any(r["lag"].values())]
+            return (
+                bool(relays)
+                and not behind
+                and await lag(kafka_bootstrap, f"{ns}rt", f"{ns}rt-in") == 0
+            )
+
+        await _until(
+            at_rest,
+            30,
+            "the worker at rest: its relay holds no retry copy and is not behind, and "
+            f"group {ns}rt committed every record of {ns}rt-in",
+        )
         assert await read_table([second], "sums", list(expected)) == expected
         copies = await _read(kafka_bootstrap, f"{ns}rt-in-retry")
         # 2: the aborted copy left no trace (one or more round trips, as the gate opened).

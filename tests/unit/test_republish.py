@@ -15,7 +15,15 @@ from streamapp.codecs import kafka as codec
 from streamapp.engine.delivery import park_headers
 from streamapp.outcomes import Retry
 from streamapp.records import DeliveryRecord, Message
-from streamapp.republish import Held, Offsets, back_to_origin, origin_topic, replay, stripped
+from streamapp.republish import (
+    REPLAYED,
+    Held,
+    Offsets,
+    back_to_origin,
+    origin_topic,
+    replay,
+    stripped,
+)
 from streamapp.retry_chain import dead_letter
 
 TOPICS = frozenset({"orders"})
@@ -31,7 +39,7 @@ def test_a_parked_copy_goes_back_as_first_sent() -> None:
     copy = Held("orders.parked/0/5", first.key, first.value, park_headers(first, "bad", "a"))
     assert origin_topic(copy.headers) == "orders"
     assert back_to_origin(copy, TOPICS) == Message(
-        "orders", first.value, first.key, list(first.headers)
+        "orders", first.value, first.key, [*first.headers, (REPLAYED, b"orders.parked/0/5")]
     )
 
 
@@ -40,7 +48,7 @@ def test_a_dead_letter_goes_back_without_the_chain() -> None:
     dead = dead_letter(first, Retry(), "agent", 17, 8, "failed 17 times: boom")
     copy = Held("orders-dlq/1/2", dead.key, dead.value, dead.headers)
     assert any(n == "x-reconsume" for n, _ in copy.headers)
-    assert back_to_origin(copy, TOPICS).headers == list(first.headers)
+    assert back_to_origin(copy, TOPICS).headers == [*first.headers, (REPLAYED, b"orders-dlq/1/2")]
     assert stripped([("X-Retry-Hop", b"1"), ("Streamapp-Agent", b"a"), ("ce_id", b"1")]) == [
         ("ce_id", b"1")
     ]

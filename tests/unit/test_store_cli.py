@@ -279,3 +279,91 @@ def test_a_run_sent_again_adds_nothing(tmp_path: Path) -> None:
             await es.close()
 
     assert asyncio.run(main_()) == (2, 0, 1, 1, [1, 3, 2, 1], 3)
+
+
+def test_parked_shows_what_each_row_sent_back_came_to(env: dict[str, str]) -> None:
+    """``store parked`` lists each row's outcome: null never sent back, pending until
+    the worker recorded one, then the first one recorded for its last sending back;
+    ``store parked replay`` prints a line per row with it."""
+    import asyncio
+
+    from agents.orders import PARKING
+    from streamapp.eventstore import open_store
+
+    env = {**env, "STREAMAPP_BROKER": "none"}
+
+    async def park(n: int) -> None:
+        es = await open_store(env["STREAMAPP_EVENT_STORE"])
+        try:
+            for i in range(n):
+                source = f"orders/0/{i}".encode()
+                headers = [
+                    ("streamapp-agent", b"project_order_status"),
+                    ("streamapp-source", source),
+                ]
+                await es.park(PARKING, b"{}", key=b"o1", headers=headers)
+        finally:
+            await es.close()
+
+    async def record(outcomes: dict[int, str]) -> None:  # what the worker does
+        es = await open_store(env["STREAMAPP_EVENT_STORE"])
+        try:
+            await es.record_resent("orders", outcomes)
+        finally:
+            await es.close()
+
+    def listed() -> list[object]:
+        result = run(env, "parked")
+        assert result.exit_code == 0, result.output
+        return [orjson.loads(x)["outcome"] for x in result.stdout.splitlines()]
+
+    asyncio.run(park(3))
+    assert listed() == [None, None, None]
+    sent = run(env, "parked", "replay", "--until", "3")
+    assert sent.exit_code == 0, sent.output
+    assert "parked row 1 (orders/0/0) to agent project_order_status: pending" in sent.stdout
+    assert "parked row 2 (orders/0/1) to agent project_order_status: pending" in sent.stdout
+    assert listed() == ["pending", "pending", None]
+    asyncio.run(record({1: "filtered", 2: "applied"}))
+    asyncio.run(record({1: "applied"}))  # run again (a rebuilt table): the first one stands
+    assert listed() == ["filtered", "applied", None]
+    dry = run(env, "parked", "replay", "--from", "1", "--dry-run")
+    assert "would send parked row 1 (orders/0/0) back to agent project_order_status " in dry.stdout
+    assert "(sent back before: filtered)" in dry.stdout
+    run(env, "parked", "replay", "--from", "1", "--until", "2")  # row 1 again: entry 3
+    assert listed() == ["pending", "applied", None]
+    asyncio.run(record({3: "parked again"}))
+    assert listed() == ["parked again", "applied", None]
+
+
+def test_a_store_made_before_outcomes_gets_the_column_at_open(tmp_path: Path) -> None:
+    """A resend log of an older streamapp (no ``outcome`` column) gets it when opened:
+    its entries list as pending, new ones record their outcome."""
+    import asyncio
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/old.db"
+
+    async def sent_back() -> None:
+        es = await SqliteEventStore.open(url)
+        try:
+            await es.park("p", b"v", headers=[("streamapp-source", b"t/0/1")])
+            await es.resend("app", "run-1", [1])
+        finally:
+            await es.close()
+
+    asyncio.run(sent_back())
+    conn = sqlite3.connect(tmp_path / "old.db")
+    conn.execute("ALTER TABLE streamapp_resent DROP COLUMN outcome")  # as an older one made it
+    conn.close()
+
+    async def reopened() -> tuple[dict[int, str], dict[int, str]]:
+        es = await SqliteEventStore.open(url)
+        try:
+            before = await es.resent_outcomes("app", "p")
+            await es.record_resent("app", {1: "applied"})
+            return before, await es.resent_outcomes("app", "p")
+        finally:
+            await es.close()
+
+    assert asyncio.run(reopened()) == ({1: "pending"}, {1: "applied"})
