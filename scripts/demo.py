@@ -22,7 +22,8 @@ from aiokafka import AIOKafkaProducer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from streamapp import Event, structured  # noqa: E402
+from streamapp import Event  # noqa: E402
+from streamapp.codecs import structured  # noqa: E402
 
 BOOTSTRAP = os.environ["STREAMAPP_KAFKA_BOOTSTRAP"]
 NS = os.environ["ORDERS_NAMESPACE"]
