@@ -17,8 +17,15 @@ The exceptions, each where its block is tested: ``make test`` (it runs this test
 target is checked to be ``scripts/test``, which the suite's own run is) and ``make unit``
 / ``make lint`` (``scripts/test`` runs the same commands: their recipes are checked
 against it), ``make demo`` (run in its own test, with ``STREAMAPP_KAFKA_BOOTSTRAP`` set
-so that it uses the shared Kafka). Installs run for real (``pip install -e .`` into a
-fresh venv takes ~15 s with pip's cache).
+so that it uses the shared Kafka); a block of alternative ``streamapp worker`` lines
+(each a foreground worker, docs/views.md) runs line by line, each until its worker is
+ready, then Ctrl-C (SIGINT); a page's own app whose names are literal (composition's
+``shop``) is saved with them namespaced; the blocks that name the orders app's topics
+(``orders.parked``, ``orders-dlq``: docs/failures.md) run against the app without a
+namespace, its old topics deleted first; the dead-letter copies ``dlq replay`` reads are
+produced as the chain writes them (200 records through the default back-offs would take
+hours). Installs run for real (``pip install -e .`` into a fresh venv takes ~15 s with
+pip's cache, ``scripts/bootstrap dev`` ~20 s; minutes on a loaded machine).
 
 The blocks that bind the docs' fixed ports (6066-6068) run one at a time on a machine:
 the file holds a lock (``/tmp/streamapp-docs-commands.lock``) for its whole run, and a
@@ -136,9 +143,9 @@ def user_env(*, venv: bool = True, **extra: str) -> dict[str, str]:
     return env
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group ``pgid``."""
-    found = []
+def group_stats(pgid: int) -> dict[int, int]:
+    """The live (not zombie) processes of process group ``pgid``: the CPU ticks each used."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -146,10 +153,14 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
         if fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(entry.name))
+            found[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime + stime
     return found
+
+
+def group_members(pgid: int) -> list[int]:
+    return list(group_stats(pgid))
 
 
 def stop_group(pgid: int) -> None:
@@ -194,9 +205,9 @@ def wait_for(
 
 @contextmanager
 def running(code: str, cwd: Path, env: dict[str, str], name: str = "block") -> Iterator[Ran]:
-    """Run ``code`` as a bash script until it exits (failing when its group's output
-    stalls for STALL_S); yield its exit code and output while what it started in the
-    background still runs; stop the whole group after."""
+    """Run ``code`` as a bash script until it exits (failing when its group neither
+    wrote output nor used CPU for STALL_S); yield its exit code and output while what it
+    started in the background still runs; stop the whole group after."""
     script = cwd / f".{name}.sh"
     script.write_text("set -euo pipefail\n" + code)
     log = cwd / f".{name}.log"
@@ -211,10 +222,10 @@ def running(code: str, cwd: Path, env: dict[str, str], name: str = "block") -> I
             start_new_session=True,
         )
     try:
-        wait_for(
+        wait_for(  # progress: output, or CPU used by the group (a quiet pip install)
             f"{name} in {cwd}:\n{code}\noutput:\n{log.read_text(errors='replace')[-3000:]}",
             lambda: proc.poll() is not None,
-            lambda: log.stat().st_size,
+            lambda: (log.stat().st_size, group_stats(proc.pid)),
         )
         yield Ran(proc.wait(), log)
     finally:
@@ -316,6 +327,7 @@ def namespace() -> str:
 # ---- README ---------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(600)
 def test_readme_quick_start(tmp_path: Path) -> None:
     """The embedded quick start from a clone: its own venv, 2 events appended, the view
     answers the order as paid with 2 events applied."""
@@ -328,6 +340,7 @@ def test_readme_quick_start(tmp_path: Path) -> None:
     assert (tmp_path / "streamapp" / ".venv" / "bin" / "streamapp").exists()
 
 
+@pytest.mark.timeout(600)
 def test_readme_installing(tmp_path: Path) -> None:
     """The install lines from a clone: ``scripts/bootstrap dev`` makes the clone's .venv
     with the dev tools; ``pip install -e '.[postgres]'`` installs the clone into the
@@ -494,13 +507,19 @@ def test_views_commands_that_ask_a_worker(embedded_orders: tuple[Path, dict[str,
     code = block(VIEWS_ASK).code
     with worker(cwd, env, "-A", "agents.orders:app"):
         out = run(code, cwd, env)
-    assert "project_order_status" in out
+    assert re.search(r'^\{"agent":"project_order_status","topic":"orders",', out, re.M), out
     assert re.search(r"^order_status v1 active 8/8$", out, re.M), out
-    versions = [json.loads(line) for line in out.splitlines() if line.startswith('{"table"')]
-    assert [v["table"] for v in versions] == ["order_status"], out
-    meta = [json.loads(line) for line in out.splitlines() if '"meta"' in line or '"value"' in line]
-    assert any(m.get("value", {}).get("status") == "paid" for m in meta), out
-    scanned = [json.loads(line) for line in out.splitlines() if line.startswith('{"key"')]
+    assert re.search(r"^order_status\t8 partitions\tagent project_order_status\t", out, re.M)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    versions = [v for v in lines if "state" in v]  # --json
+    assert [(v["table"], v["version"], v["state"]) for v in versions] == [
+        ("order_status", 1, "active")
+    ], out
+    meta = [m for m in lines if "phase" in m]  # get --meta
+    assert [(m["key"], m["value"]["status"], m["value"]["version"]) for m in meta] == [
+        ("order-17", "paid", 2)
+    ], out
+    scanned = [s for s in lines if "phase" not in s and "key" in s]  # scan
     assert [s["key"] for s in scanned] == ["order-17"], out
 
 
