@@ -563,10 +563,15 @@ def test_table_versions_watch_switch_and_retire(tmp_path: Path) -> None:
     again = block(VERSIONS_RETIRE).code
     with worker(tmp_path, env, "-A", "agents.orders"):
         out = run(retire, tmp_path, env, "retire")
-        assert "nothing changed" in out, out
+        dry, _, done = out.partition("dry run: nothing changed; run again with --yes")
+        assert done, out
+        stores = re.findall(r"^  remove here: (\S+) \(8 partition store", dry, re.M)
+        assert [Path(s).name for s in stores] == ["status_v1"], out
+        assert re.search(r"^retired .*: every worker drops its local stores of it$", done, re.M)
         out = run(again, tmp_path, env, "again")
-        assert "retired" in out, out
+        assert "version 1 of app 'orders' is retired already" in out, out
         after = run(watch, tmp_path, env, "watch")
+    assert not (tmp_path / stores[0]).exists(), stores
     assert re.search(r"^order_status v2 active 8/8$", after, re.M), after
     assert not re.search(r"^order_status v1 (active|previous)", after, re.M), after
 
