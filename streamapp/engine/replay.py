@@ -234,14 +234,15 @@ class Replay:
 
     # what the task replays -------------------------------------------------------------
     async def catch_up(self) -> None:
-        """At the open: replay the lanes not caught up (every lane with a history, where
-        each open replays) up to the store's head, and mark them caught up."""
+        """At the open: replay the lanes not caught up (every lane that replays: a history,
+        or the store as the only source; all of them where each open replays) up to the
+        store's head, and mark them caught up."""
         task = self._task
         replay_all = task.config.replay_on_open
         lanes = [
             lane
             for lane in task.lanes
-            if lane.agent.history is not None
+            if lane.replays
             and lane.tables is not None
             and not lane.building  # it catches up on its own (engine.build)
             and (replay_all or not lane.tables.checkpoint.caught_up)
