@@ -135,8 +135,11 @@ class LaneBuild:
     def follow(self, on: bool) -> None:
         pass  # a building lane joins the task's own followers at its handover
 
-    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
-        """Apply this share in parts of :data:`PART_S`, each between live batches."""
+    async def apply_history(
+        self, deliveries: Sequence[Delivery], next_position: int, start: int
+    ) -> bool:
+        """Apply this share in parts of :data:`PART_S`, each between live batches (its
+        lanes are the ones it was cut for: ``start`` holds for them)."""
         task = self._task
         while self.catching_up:
             if not await self._take_turn():

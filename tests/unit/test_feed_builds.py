@@ -29,7 +29,9 @@ class Member:
     def history_position(self) -> int:
         return self.position
 
-    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+    async def apply_history(
+        self, deliveries: Sequence[Delivery], next_position: int, start: int
+    ) -> bool:
         if self._gate is not None:
             await self._gate.wait()
         self.replayed += len(deliveries)
