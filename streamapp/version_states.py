@@ -43,7 +43,8 @@ class Progress:
     catching_up: int
     """Partitions whose lane of this version is not live yet."""
     store_position: int | None
-    """The lowest event-store position those lanes have reached (None: unknown)."""
+    """The lowest event-store position those lanes have reached (0: none applied yet;
+    None: unknown, from an older record)."""
 
     def merged(self, other: Progress) -> Progress:
         positions = [p for p in (self.store_position, other.store_position) if p is not None]

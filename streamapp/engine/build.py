@@ -53,10 +53,10 @@ JOIN_POLL_S = 0.01
 
 
 def building_lanes(task: PartitionTask) -> list[Lane]:
-    """The lanes of ``task`` that catch up on their own: they need a replay (a history,
-    tables, a checkpoint not caught up) while another lane with tables already stands
-    live (caught up, or with a live position). Without such a lane the task catches up
-    as a whole first, as a new app does."""
+    """The lanes of ``task`` that catch up on their own: they need a replay (a history or
+    the store as the only source, tables, a checkpoint not caught up) while another lane
+    with tables already stands live (caught up, or with a live position). Without such a
+    lane the task catches up as a whole first, as a new app does."""
     behind: list[Lane] = []
     standing = False
     for lane in task.lanes:
@@ -64,7 +64,7 @@ def building_lanes(task: PartitionTask) -> list[Lane]:
         if tables is None:
             continue
         cp = tables.checkpoint
-        if lane.agent.history is not None and not cp.caught_up:
+        if lane.replays and not cp.caught_up:
             behind.append(lane)
         elif cp.caught_up or cp.live is not None:
             standing = True
@@ -135,8 +135,11 @@ class LaneBuild:
     def follow(self, on: bool) -> None:
         pass  # a building lane joins the task's own followers at its handover
 
-    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
-        """Apply this share in parts of :data:`PART_S`, each between live batches."""
+    async def apply_history(
+        self, deliveries: Sequence[Delivery], next_position: int, start: int
+    ) -> bool:
+        """Apply this share in parts of :data:`PART_S`, each between live batches (its
+        lanes are the ones it was cut for: ``start`` holds for them)."""
         task = self._task
         while self.catching_up:
             if not await self._take_turn():

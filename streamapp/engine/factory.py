@@ -105,6 +105,7 @@ class TaskFactory:
             attempts = Attempts(pause_s, config.redeliver_backoff_max_s)
             lane = Lane(agent, self.park(agent, name), attempts, self.encode)
             lane.tracks = config.replay_on_open and agent.history is not None
+            lane.replays = agent.history is not None or config.store_is_source
             lane.configure(
                 closing,
                 waits=config.policy_pauses,

@@ -107,6 +107,9 @@ class Lane:
         with nothing for the partition; a lane without tables)."""
         self.tracks = False
         """Live deliveries advance the checkpoint's store position (RabbitMQ)."""
+        self.replays = agent.history is not None
+        """Its tables are built from the event store: its agent declares a history, or
+        the store is the only source (``STREAMAPP_BROKER=none``, set by the factory)."""
         self.outcomes: dict[Outcome, int] = {}
         self.replayed = 0
         """Stored events this lane settled in replays (its catch-ups and builds)."""

@@ -148,7 +148,7 @@ async def lane_starts(task: PartitionTask, lanes: Sequence[Lane]) -> list[LaneSt
     history_start: int | None = None
     starts: list[LaneStart] = []
     for lane in lanes:
-        tables, replays = lane.tables, lane.agent.history is not None
+        tables, replays = lane.tables, lane.replays
         if tables is None:
             position = None
             if committed is not None:

@@ -98,7 +98,7 @@ async def _refill(task: PartitionTask, rebuilt: list[Lane]) -> None:
                 task.transition_to(Phase.LIVE)
                 await take_durable_positions(task)
                 return
-            replaying = [lane for lane in rebuilt if lane.agent.history is not None]
+            replaying = [lane for lane in rebuilt if lane.replays]
             if replaying:
                 replay.lanes = replaying
                 task.transition_to(Phase.CATCHING_UP)

@@ -74,8 +74,11 @@ class Replayed(Protocol):
         """The next event-store position it needs (1: nothing replayed)."""
         ...
 
-    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
-        """Apply its share of a chunk read up to ``next_position`` (see :class:`Replay`)."""
+    async def apply_history(
+        self, deliveries: Sequence[Delivery], next_position: int, start: int
+    ) -> bool:
+        """Apply its share of a chunk read from ``start`` (its position when the share
+        was cut) up to ``next_position`` (see :class:`Replay`)."""
         ...
 
     def retry_pause_s(self) -> float:
@@ -178,17 +181,23 @@ class Replay:
             if lane.tables is None:
                 lane.history_next = head + 1
 
-    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
-        """Apply stored events of this partition, read up to ``next_position`` (exclusive),
-        and commit with the store position. False when an event failed under Redeliver:
-        the position stops before it, and the feed tries again after
-        :meth:`retry_pause_s`; once a bounded Redeliver's attempts are spent, its
+    async def apply_history(
+        self, deliveries: Sequence[Delivery], next_position: int, start: int
+    ) -> bool:
+        """Apply stored events of this partition, read from ``start`` up to
+        ``next_position`` (exclusive), and commit with the store position. A lane below
+        ``start`` (a build that joined the store's followers after the share was cut) is
+        left where it stands: the share does not hold its events. False when an event
+        failed under Redeliver: the position stops before it, and the feed tries again
+        after :meth:`retry_pause_s`; once a bounded Redeliver's attempts are spent, its
         fallback applies as to live deliveries."""
         task = self._task
         live_from_store = task.phase is Phase.LIVE and self.follows_store
         if task.phase is not Phase.CATCHING_UP and not live_from_store:
             return False  # handed over (or closed): the live source feeds it now
-        work = asyncio.ensure_future(self._apply_live(deliveries, next_position, live_from_store))
+        work = asyncio.ensure_future(
+            self._apply_live(deliveries, next_position, start, live_from_store)
+        )
         task._batch = work
         try:
             ok = await asyncio.shield(work)
@@ -211,21 +220,23 @@ class Replay:
         return ok
 
     async def _apply_live(
-        self, deliveries: Sequence[Delivery], next_position: int, live: bool
+        self, deliveries: Sequence[Delivery], next_position: int, start: int, live: bool
     ) -> bool:
         """:meth:`_apply`; live from the store, in turns with a lane building beside
         (a catch-up or a rebuild has the partition to itself: no turn, the rebuild may
         hold it)."""
         if not live:
-            return await self._apply(deliveries, next_position)
+            return await self._apply(deliveries, next_position, start)
         async with self._task.turn:
-            return await self._apply(deliveries, next_position)
+            return await self._apply(deliveries, next_position, start)
 
-    async def _apply(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+    async def _apply(self, deliveries: Sequence[Delivery], next_position: int, start: int) -> bool:
         """Commits in parts of at most ``batch_budget_s`` each, as live batches do: a slow
         handler never holds a whole store chunk (up to 10,000 events) uncommitted."""
         task = self._task
-        lanes = self.lanes or task.lanes
+        lanes = [lane for lane in self.lanes or task.lanes if lane.history_position() >= start]
+        if not lanes:
+            return True  # every lane is behind the share: the next one starts lower
         budget = task.config.batch_budget_s
         while True:
             done, deliveries = await apply_part(task, lanes, deliveries, next_position, budget)
@@ -234,14 +245,15 @@ class Replay:
 
     # what the task replays -------------------------------------------------------------
     async def catch_up(self) -> None:
-        """At the open: replay the lanes not caught up (every lane with a history, where
-        each open replays) up to the store's head, and mark them caught up."""
+        """At the open: replay the lanes not caught up (every lane that replays: a history,
+        or the store as the only source; all of them where each open replays) up to the
+        store's head, and mark them caught up."""
         task = self._task
         replay_all = task.config.replay_on_open
         lanes = [
             lane
             for lane in task.lanes
-            if lane.agent.history is not None
+            if lane.replays
             and lane.tables is not None
             and not lane.building  # it catches up on its own (engine.build)
             and (replay_all or not lane.tables.checkpoint.caught_up)

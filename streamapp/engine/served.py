@@ -150,9 +150,8 @@ def local_tables(assignment: Assignment, worker: str) -> MemberTables:
             if lane.tables is not None and lane_phase(task, lane) is Phase.LIVE:
                 live.add(partition)
             elif not lane_phase(task, lane).stopped:
-                building += 1
-                if lane.tables is not None and lane.tables.checkpoint.history is not None:
-                    positions.append(lane.tables.checkpoint.history)
+                building += 1  # the last position it reached (0: none yet), never None
+                positions.append(lane.history_position() - 1)
         progress = Progress(building, min(positions, default=None)) if building else None
         declared.append(Declared(name, version, agent.topic.partitions, frozenset(live), progress))
     return MemberTables(worker, tuple(declared), dict(assignment.served))

@@ -229,7 +229,7 @@ class PartitionState:
                 path=damage.path,
                 status=damage.status,
             )
-        if self._transaction is None and (lane.agent.history is None or not self._replayable):
+        if self._transaction is None and (not lane.replays or not self._replayable):
             raise StoreCorruptError(
                 f"{damage}. The state of {where} has no changelog on this transport and no "
                 "event-store history to be rebuilt from: declare history=FromEventStore() "

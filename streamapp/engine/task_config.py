@@ -36,6 +36,9 @@ class TaskConfig:
     up or not: RabbitMQ keeps no changelog, so a partition that was away may have been
     applied by another worker meanwhile (live deliveries carrying their store position,
     :data:`~streamapp.engine.delivery.STORE_POSITION_HEADER`, keep that replay short)."""
+    store_is_source: bool = False
+    """The event store is the only source (``STREAMAPP_BROKER=none``): every lane with
+    tables catches up from it before it is live, ``history=`` or not."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TaskConfig:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from ..agent import Agent
@@ -139,7 +140,7 @@ class StoreSource:
         self._locked = False
         self._parking = StoreParking(feed.store)
         self._factory = TaskFactory(
-            config=TaskConfig.from_settings(settings),
+            config=replace(TaskConfig.from_settings(settings), store_is_source=True),
             decode=decode_stored,
             park=lambda agent, name: parker(self._parking, agent, name),
             history=feed,

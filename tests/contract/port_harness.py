@@ -468,7 +468,9 @@ class _FollowingTask:
     def retry_pause_s(self) -> float:
         return 0.1
 
-    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+    async def apply_history(
+        self, deliveries: Sequence[Delivery], next_position: int, start: int
+    ) -> bool:
         if self.phase is not Phase.LIVE:
             return False
         self.member.receive(list(deliveries))

@@ -189,7 +189,7 @@ async def test_a_replayed_event_failing_mid_chunk_is_retried_from_it_and_applied
 
 
 def test_a_share_iterates_indexes_and_slices_as_deliveries() -> None:
-    from streamapp.catchup import Share, StoredDelivery
+    from streamapp.engine.stored import Share, StoredDelivery
 
     rows = [(10, "a", b"A"), (11, "b", b"B"), (12, "c", b"C"), (13, "d", b"D")]
     share = Share(rows, [0, 2, 3], "topic", 5)

@@ -170,3 +170,103 @@ async def test_a_poison_event_during_catch_up_is_named_and_retries_count_once(
     ), text
     assert ", stuck" in text  # the progress line says stuck, not ETA 0s
     assert "caught up: 3000 events applied" in text  # re-reads of the retries count once
+
+
+class _Member:
+    """A catching-up member as progress reads it: a name, a topic, a store position and
+    its replayed count, moved by the test."""
+
+    def __init__(self, name: str, position: int = 1, partitions: int = 4) -> None:
+        from streamapp.topics import TopicSpec
+
+        self.name, self.topic, self.partition = name, TopicSpec("t", partitions), 0
+        self.position, self.replayed = position, 0
+
+    def history_position(self) -> int:
+        return self.position
+
+    def stuck(self, on: dict[str, object] | None) -> None:
+        pass
+
+
+class _Taken:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def taken(self) -> int:
+        return self.n
+
+
+def _progress() -> catchup_progress.CatchUpProgress:
+    progress = catchup_progress.CatchUpProgress(clock=lambda: 10.0)
+    progress.bar = False
+    return progress
+
+
+def test_a_member_joining_at_the_head_has_nothing_left() -> None:
+    """A build's last (fresh) read joins at the head: it adds nothing to the total (the
+    old count took it from store position 1: '5435 of 25000 events (store head 20000)')."""
+    progress = _progress()
+    progress.head = 20_000
+    members = [_Member(f"orders[{p}] (building v2)", position=20_001) for p in range(4)]
+    for member in members:
+        progress.join(member)  # type: ignore[arg-type]
+    status = progress.status()
+    assert (status["applied"], status["left"], status["total"]) == (0, 0, 0)
+    lanes = status["lanes"]
+    assert isinstance(lanes, list)
+    assert {lane["store_position"] for lane in lanes} == {20_000}
+
+
+def test_each_members_progress_only_grows_and_stays_within_the_head() -> None:
+    progress = _progress()
+    progress.head = 100
+    member = _Member("orders[0]")
+    progress.join(member)  # type: ignore[arg-type]
+    seen: list[tuple[int, int, int]] = []
+
+    def look() -> None:
+        (lane,) = progress.lanes()
+        applied, position, left = lane["applied"], lane["store_position"], lane["left"]
+        assert isinstance(applied, int)
+        assert isinstance(position, int)
+        assert isinstance(left, int)
+        seen.append((applied, position, left))
+        assert position <= progress.head
+        assert applied + left <= progress.head  # never more events than positions
+
+    progress.chunk(member, rows=100, mine=100, left=100, end=101)  # type: ignore[arg-type]
+    progress.applying(member, _Taken(40))  # type: ignore[arg-type]
+    look()
+    progress.applied(member)  # type: ignore[arg-type]
+    member.replayed, member.position = 30, 31  # the part committed: less than was taken
+    look()
+    member.replayed, member.position = 100, 101
+    progress.chunk(member, rows=100, mine=100, left=100, end=101)  # type: ignore[arg-type]
+    look()
+    applied = [a for a, _, _ in seen]
+    positions = [p for _, p, _ in seen]
+    assert applied == sorted(applied), seen
+    assert positions == sorted(positions), seen
+    assert seen[-1] == (100, 100, 0)
+
+
+def test_a_stop_mid_catch_up_says_where_it_stopped_not_caught_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    progress = _progress()
+    progress.head = 500
+    done, stopped = _Member("orders[0]"), _Member("orders[1] (building v2)")
+    for member in (done, stopped):
+        progress.join(member)  # type: ignore[arg-type]
+    done.replayed, done.position = 125, 501
+    stopped.replayed, stopped.position = 40, 161
+    with caplog.at_level(logging.INFO, logger="streamapp.catchup"):
+        progress.leave(done, caught_up=True)  # type: ignore[arg-type]
+        progress.finish([stopped])  # type: ignore[list-item]
+        assert "caught up" not in caplog.text  # one still catches up
+        progress.finish([])  # the other's wait ended without its release: a stop
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("catch-up stopped: 165 events applied in "), line
+    assert "orders[1] (building v2) at store position 160 (store head 500)" in line
+    assert "caught up" not in line

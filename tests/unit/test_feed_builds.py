@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from streamapp import Event
 from streamapp.catchup import StoreFeed
@@ -29,7 +30,9 @@ class Member:
     def history_position(self) -> int:
         return self.position
 
-    async def apply_history(self, deliveries: Sequence[Delivery], next_position: int) -> bool:
+    async def apply_history(
+        self, deliveries: Sequence[Delivery], next_position: int, start: int
+    ) -> bool:
         if self._gate is not None:
             await self._gate.wait()
         self.replayed += len(deliveries)
@@ -73,5 +76,42 @@ async def test_a_partition_is_released_before_a_building_lane_applies_its_share(
         assert building.replayed == 50
     finally:
         gate.set()
+        await feed.stop()
+        await store.close()
+
+
+class FlakyReads:
+    """The event store with reads 2 and 3 failing (the read ahead, then its retry), as a
+    store that went away and came back; every other call goes to the store."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.url, self.calls = store, store.url, 0
+
+    async def read_rows(self, start: int, limit: int) -> Any:
+        self.calls += 1
+        if self.calls in (2, 3):
+            raise ConnectionError("the store went away")
+        return await self.store.read_rows(start, limit)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+async def test_failed_reads_are_tried_again_and_every_member_gets_every_event_once(
+    tmp_path: Path,
+) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
+    await store.append_many(
+        [Append(f"s{i}", [Event.create("x", stream_id=f"s{i}")]) for i in range(45)]
+    )
+    flaky = FlakyReads(store)
+    feed = StoreFeed(flaky, chunk=10, poll_s=0.01)
+    members = [Member(f"orders[{p}]", building=False) for p in range(2)]
+    feed.start()
+    try:
+        await asyncio.wait_for(asyncio.gather(*(feed.catch_up(m) for m in members)), 20)
+        assert [(m.replayed, m.position) for m in members] == [(45, 46), (45, 46)]
+        assert flaky.calls > 3  # the failed reads were made again
+    finally:
         await feed.stop()
         await store.close()

@@ -139,3 +139,50 @@ async def _accepting(task: Any) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError(f"{task.name} never took deliveries: {task.phase}")
+
+
+async def test_a_share_cut_above_a_lanes_position_leaves_that_lane_where_it_stands(
+    tmp_path: Path,
+) -> None:
+    """The store's followers apply a share cut at the position they stood at; a build
+    that joined them meanwhile (below it) must not be moved past events it never had."""
+    from streamapp.engine.stored import Share
+
+    store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
+    await store.append_many([Append(f"s{i % 5}", [_event(i)]) for i in range(300)])
+
+    async def fold(event: Event, counts: TableView[int]) -> None:
+        sid = event.stream_id or ""
+        counts[sid] = counts.get(sid, 0) + 1
+
+    one = Agent("v1", fold, TOPIC, (V1,), history=FromEventStore())
+    two = Agent("v2", fold, TOPIC, (V2,), history=FromEventStore())
+    stores = {"v1": MemoryStore(spaces_for([V1])), "v2": MemoryStore(spaces_for([V2]))}
+    for name, at, label in (("v1", 201, "counts"), ("v2", 101, V2.label)):  # v2 behind
+        cp = Checkpoint(live=0, history=at, caught_up=True, partitions=1, tables=(label,))
+        stores[name].write({META: {CHECKPOINT_KEY: cp.encode()}})
+
+    async def park(delivery: Delivery, reason: str) -> bool:
+        return False
+
+    task = TaskFactory(
+        config=TaskConfig(redeliver_pause_s=0.0),
+        decode=lambda d: codec.decode(d.key, d.value, d.headers),
+        park=lambda agent, name: park,
+        history=StoreFeed(store),  # not started: the test hands the share itself
+    ).create([one, two], 0, MemoryPort(), name="orders[0]", open_store=lambda a, s: stores[a.name])
+    lane1, lane2 = task.lanes
+    task.start()
+    try:
+        await _accepting(task)
+        task.replay.follow(True)  # the store is its live source (embedded)
+        task.replay.lanes = [lane1, lane2]  # v2 joined the followers
+        rows = await store.read_rows(201, 100)
+        share = Share(rows, list(range(len(rows))), TOPIC.name, 0)
+        assert await task.replay.apply_history(share, 301, 201)  # cut at v1's position
+        assert (lane1.history_position(), lane2.history_position()) == (301, 101)
+        assert lane2.tables is not None
+        assert sum(v for _, v in lane2.tables.views[0].items()) == 0  # v2 got nothing
+    finally:
+        await task.close()
+        await store.close()

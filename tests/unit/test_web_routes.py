@@ -193,3 +193,31 @@ async def test_partitions_swapped_between_lookups_are_seen(clients: list[Client]
     await world.own([3])
     del world.assignment.tasks[(world.agent.topic.name, 2)]  # 2 given up, 3 taken
     assert await _version(client, world, 0) == (200, "2")  # v2 live on 0, 1, 3 and 2
+
+
+async def test_a_building_versions_progress_is_its_lowest_lane_and_never_goes_back() -> None:
+    """Every building lane counts, one with nothing committed too (it reached 0): the
+    lowest position never drops as lanes commit their first part ('replay at store
+    position 18616 ... 10820 ... 5008 of 20000' counted only lanes with a checkpoint)."""
+    from streamapp.engine.served import local_tables
+
+    world = await _world([0, 1, 2, 3])
+    lanes = []
+    for p in (2, 3):
+        task = world.task(p)
+        lane = next(lane for lane in task.lanes if lane.agent.name == "project_v2")
+        task.transition_lane(lane, Phase.CATCHING_UP)
+        lanes.append(lane)
+
+    def reached() -> object:
+        (v2,) = [d for d in local_tables(world.assignment, "w").declared if d.version == 2]
+        assert v2.progress is not None
+        assert v2.progress.catching_up == 2
+        return v2.progress.store_position
+
+    assert reached() == 0  # neither has applied anything
+    seen = []
+    for first, second in ((501, 1), (501, 201), (801, 201), (801, 901)):
+        lanes[0].history_next, lanes[1].history_next = first, second
+        seen.append(reached())
+    assert seen == [0, 200, 200, 800]
