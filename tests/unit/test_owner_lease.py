@@ -12,6 +12,7 @@ from aiokafka import TopicPartition
 from streamapp.engine.lease import Lease
 from streamapp.errors import FencedError, PublishError
 from streamapp.kafka.transaction import KafkaTransaction
+from streamapp.rabbitmq.lease import EchoLease
 from streamapp.web.tables import STALE_HEADER
 from streamapp.web.views import make_app
 from tests.support.webworld import World, order, orders_app
@@ -170,3 +171,31 @@ async def test_no_transactional_writer_starts_past_the_lease_or_after_a_revoke()
     lease.end()
     with pytest.raises(FencedError, match="no longer assigned"):
         await txn.reset()
+
+
+def test_a_rabbitmq_member_is_confirmed_by_its_own_heartbeats_heard_back() -> None:
+    """As of when each was sent; a beat that never came back confirms nothing, and the
+    first beat heard after a lapse says so (the member rebalances: it may take again)."""
+    clock = Clock()
+    echo = EchoLease(Lease(2.0, clock), "m1")
+    echo.begin()
+    assert not echo.held
+    echo.sent(1)
+    clock.now += 0.1
+    assert echo.heard(1)  # the first confirmation: it may take what it is assigned
+    assert echo.held
+    echo.sent(2)  # cut off: never heard back
+    clock.now += 1.0
+    echo.sent(3)
+    clock.now += 1.5
+    assert not echo.held  # confirmed as of beat 1, sent 2.6 s ago
+    assert "not heard back" in echo.why
+    echo.sent(4)
+    late = clock.now
+    clock.now += 1.9  # the network came back; beat 4 arrives late
+    assert echo.heard(4)
+    assert echo.lease.confirmed_at == late
+    assert not echo.heard(2)  # overtaken: dropped, confirms nothing
+    assert echo.lease.confirmed_at == late
+    clock.now += 0.2
+    assert not echo.held  # beat 4 was sent 2.1 s ago
