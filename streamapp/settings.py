@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,12 @@ from .storeurl import parse_url
 
 ENV_PREFIX = "STREAMAPP_"
 BROKERS = ("kafka", "rabbitmq", "none")
+GROUP_SESSIONS = {"kafka": "session_timeout_ms", "rabbitmq": "amqp_session_timeout_ms"}
+"""The setting that says when each broker's group calls a silent member gone (the owner's
+lease stays below it; ``none`` has no group: the store lock is the lease)."""
+GROUP_BEATS = {"rabbitmq": "amqp_heartbeat_ms"}
+"""The heartbeat that renews the lease, where the lease must outlast two of them (Kafka's
+lease sends its own heartbeats, every third of it)."""
 DELAYED_POLICIES = ("immediate", "reject", "relay")
 DEFAULT_MEMORY_LIMIT_MB = 256
 MIN_MEMORY_LIMIT_MB = 16
@@ -128,6 +134,12 @@ class Settings:
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     rebalance_timeout_ms: int = 60_000
+    owner_lease_s: float = 0.0
+    """How long a worker answers as owner of its partitions after the group last confirmed
+    its membership (Kafka: a heartbeat of its generation; RabbitMQ: its own membership
+    heartbeat): past it, its views answer 503 and ``/readyz`` is 503. Below the session
+    timeout, so the group never moved a partition while the lease holds; 0 (default):
+    two thirds of it (:meth:`owner_lease`)."""
     publish_timeout_s: float = 5.0
     """How long a publish may wait for the broker's confirm (a RabbitMQ confirm, a park, a
     retry or dead-letter copy, a relayed or forwarded event) before it counts as failed,
@@ -178,6 +190,19 @@ class Settings:
     def group_id(self) -> str:
         """The Kafka consumer group of every worker of this app."""
         return self.app_id
+
+    def owner_lease(self) -> float:
+        """Setting ``owner_lease_s``, or its default: two thirds of the group's session
+        timeout (:data:`GROUP_SESSIONS`: ``amqp_session_timeout_ms`` on RabbitMQ,
+        ``session_timeout_ms`` on Kafka)."""
+        if self.owner_lease_s > 0:
+            return self.owner_lease_s
+        return self._setting_s(GROUP_SESSIONS.get(self.broker, "session_timeout_ms")) * 2 / 3
+
+    def _setting_s(self, name: str) -> float:
+        """Setting ``name`` (milliseconds) in seconds."""
+        value: int = getattr(self, name)
+        return value / 1000
 
     def owned_partitions(self) -> frozenset[int] | None:
         """The partitions of setting ``amqp_partitions``; None: all of them."""
@@ -292,6 +317,7 @@ class Settings:
             raise bad("amqp_session_timeout_ms", "must be at least 3 x amqp_heartbeat_ms")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise bad("heartbeat_interval_ms", "must be below session_timeout_ms")
+        self._validate_lease(bad)
         if self.batch_budget_ms * 2 > self.rebalance_timeout_ms:
             raise bad(
                 "batch_budget_ms",
@@ -321,6 +347,24 @@ class Settings:
             )
         if self.startup_retry.attempts < 1:
             raise ConfigError("setting startup_retry.attempts must be at least 1")
+
+    def _validate_lease(self, bad: Callable[[str, str], ConfigError]) -> None:
+        if self.owner_lease_s < 0:
+            raise bad("owner_lease_s", "must be 0 (two thirds of the session timeout) or more")
+        session, beats = GROUP_SESSIONS.get(self.broker), GROUP_BEATS.get(self.broker)
+        if session is not None and self.owner_lease_s >= self._setting_s(session):
+            raise bad(
+                "owner_lease_s",
+                f"must be below {session} ({self._setting_s(session):g} s): the group may "
+                "move a partition once the session timed out, and the lease must have "
+                "lapsed by then",
+            )
+        if beats is not None and 0 < self.owner_lease_s <= 2 * self._setting_s(beats):
+            raise bad(
+                "owner_lease_s",
+                f"must exceed twice {beats} ({self._setting_s(beats):g} s), or the lease "
+                "lapses when one heartbeat is late",
+            )
 
 
 _SETTABLE = tuple(f.name for f in fields(Settings) if f.name != "app_id")

@@ -14,6 +14,7 @@ from ..errors import TableUnavailableError
 from ..tables.store import Store
 from ..tables.table import Table
 from .interfaces import Directory
+from .lease import Lease
 from .phase import Phase
 from .task import PartitionTask
 
@@ -45,6 +46,9 @@ class Assignment:
         self.served: dict[str, int] = {}
         """The table version views answer each table from, by table name: one-way, it
         only moves up (unless that version is retired; :mod:`streamapp.engine.served`)."""
+        self.lease: Lease | None = None
+        """This worker's owner's lease, confirmed by its group (:mod:`.lease`); None: no
+        group to confirm it (the embedded store lock holds while the process runs)."""
 
     def owner_of(self, table: str, key: str) -> tuple[int, PartitionTask | None]:
         """The partition of ``key`` in the table labelled ``table`` (``Table.label``), and
@@ -67,10 +71,32 @@ class Assignment:
         read waits rather than see a partial replay)."""
         return read_store(self.tasks, self.app, table, partition)
 
+    def unconfirmed(self) -> float | None:
+        """For how long the group has not confirmed this worker's ownership of its
+        partitions, past ``owner_lease_s`` (None: the lease holds, or there is none)."""
+        return None if self.lease is None else self.lease.unconfirmed_s()
+
     @property
     def ready(self) -> bool:
-        """True when partitions are assigned and every one of them is live."""
-        return not self.rebalancing and all(t.phase is Phase.LIVE for t in self.tasks.values())
+        """True when partitions are assigned, every one of them is live and the lease
+        on them holds."""
+        return (
+            not self.rebalancing
+            and all(t.phase is Phase.LIVE for t in self.tasks.values())
+            and self.unconfirmed() is None
+        )
+
+    def not_confirmed(self) -> dict[str, str]:
+        """The live partitions whose ownership the group has not confirmed within
+        ``owner_lease_s``, each with why (empty while the lease holds)."""
+        why = None if self.lease is None else self.lease.reason()
+        if why is None:
+            return {}
+        return {
+            task.name: why
+            for _, task in sorted(self.tasks.items(), key=lambda kv: kv[0])
+            if task.phase is Phase.LIVE
+        }
 
     def not_live(self) -> dict[str, str]:
         """The assigned partitions that are not live yet, with their phase."""
@@ -81,10 +107,22 @@ class Assignment:
         }
 
     def status(self) -> dict[str, Any]:
-        return {
-            task.name: task.status()
-            for (_, _), task in sorted(self.tasks.items(), key=lambda kv: kv[0])
-        }
+        """Each task's status; a live one whose lease lapsed is ``unconfirmed`` (see
+        :data:`UNCONFIRMED`), with ``unconfirmed_s``."""
+        gap = self.unconfirmed()
+        out: dict[str, Any] = {}
+        for _, task in sorted(self.tasks.items(), key=lambda kv: kv[0]):
+            status = task.status()
+            if gap is not None and task.phase is Phase.LIVE:
+                status |= {"phase": UNCONFIRMED, "unconfirmed_s": round(gap, 1)}
+            out[task.name] = status
+        return out
+
+
+UNCONFIRMED = "unconfirmed"
+"""What ``/status`` says of a live partition whose owner's lease lapsed: this worker may
+have been cut off from its group, which may have moved the partition (its views answer
+503 meanwhile). Not a phase of the task: the task does not know it."""
 
 
 def read_store(

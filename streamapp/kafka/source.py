@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -25,6 +26,7 @@ from ..codecs import kafka as codec
 from ..engine.assignment import Assignment
 from ..engine.factory import TaskFactory
 from ..engine.interfaces import TaskMetrics
+from ..engine.lease import Lease
 from ..engine.metrics import NO_METRICS
 from ..engine.parking import parker
 from ..engine.replay import HistoryFeed
@@ -40,6 +42,7 @@ from ..topics import TopicSpec
 from .commits import FLUSH_TIMEOUT_S, OffsetCommits
 from .connection import with_startup_retry
 from .fetched import as_deliveries, deliver_records, position_of
+from .lease import HeartbeatLease
 from .members import Generation
 from .port import KafkaPartitionPort
 from .sink import KafkaSink
@@ -86,6 +89,11 @@ class KafkaSource:
         shorten_concurrent_transactions_backoff()  # batches follow each other at once
         self.history, self.metrics = history, metrics
         self.assignment = Assignment(app)
+        self.lease = self.assignment.lease = Lease(settings.owner_lease())
+        """Confirmed by heartbeats of this worker's generation (:mod:`.lease`)."""
+        self._heartbeats = HeartbeatLease(
+            settings.kafka_bootstrap, settings.group_id, self.lease, lambda: self.generation
+        )
         self._topics = app.sources
         self._factory = TaskFactory(
             config=TaskConfig.from_settings(settings),
@@ -146,6 +154,7 @@ class KafkaSource:
         await with_startup_retry(self.settings, "Kafka admin", admin.start)
         self._admin = admin  # reads committed offsets with their metadata
         await with_startup_retry(self.settings, "Kafka consumer", self._consumer.start)
+        await with_startup_retry(self.settings, "Kafka owner's lease", self._heartbeats.start)
         deliver_records(self._consumer)  # no ConsumerRecord built per record
         self._consumer.subscribe(list(self._topics), listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._poll_loop(), name="poll loop")
@@ -165,6 +174,7 @@ class KafkaSource:
         await self._release(list(self.assignment.tasks))
         await self._close_suspended()
         await self._commits.close()
+        await self._heartbeats.stop()
         await self._consumer.stop()
         await self._release(list(self.assignment.tasks))  # any taken during the leave
         await self._close_suspended()
@@ -248,7 +258,9 @@ class KafkaSource:
                 timeout_s=settings.transaction_timeout_s,
                 stall_timeout_s=settings.restore_stall_timeout_s,
                 retention_ms=self._retention,
-                assigned=lambda: tp in self._consumer.assignment(),
+                # revoked (the lease ended) or not assigned: never fence the owner
+                assigned=lambda: self.lease.term is not None and tp in self._consumer.assignment(),
+                unconfirmed=self.lease.reason,
                 settled=lambda: self._commits.settled(tp),
             )
         port = KafkaPartitionPort(
@@ -313,10 +325,13 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.source.assignment.rebalancing = True
         self.source.generation = None
+        self.source.lease.end()
         await self.source._release(revoked, keep=True)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         generation = current_generation(self.source._consumer)  # before any await
+        if generation is not None:  # the assignment confirms it (the group's SyncGroup)
+            self.source.lease.begin(generation, time.monotonic())
         self.source._acquire(assigned)  # kept tasks it hands back go on from where they were
         await self.source._close_suspended()
         self.source.generation = generation

@@ -69,10 +69,14 @@ class KafkaTransaction:
         stall_timeout_s: float,
         retention_ms: Mapping[str, int],
         assigned: Callable[[], bool] = lambda: True,
+        unconfirmed: Callable[[], str | None] = lambda: None,
         settled: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.bootstrap, self.transactional_id = bootstrap, transactional_id
         self._assigned = assigned
+        self._unconfirmed = unconfirmed
+        """Why the group has not confirmed this worker's ownership lately (None: the
+        owner's lease holds, :mod:`streamapp.kafka.lease`)."""
         self._settled = settled
         """Until the source partition's offset commits made outside a transaction are
         done: a transaction's offset must land after them, never before."""
@@ -172,12 +176,21 @@ class KafkaTransaction:
 
     async def _start_writer(self) -> None:
         """Start the producer; this fences any previous owner of the partition, so only
-        while the group assigns the partition here (a worker cut off from the group must
-        not fence the worker that took the partition over)."""
+        while the group assigns the partition here and has confirmed it lately (the
+        owner's lease): a worker cut off from the group, whose consumer still holds the
+        assignment it had, must not fence the worker that took the partition over when
+        its network comes back, before its consumer learns it left the group."""
         if not self._assigned():
             raise FencedError(
                 f"{self._where} is no longer assigned to this worker: its transactional "
                 f"writer {self.transactional_id} is not started again"
+            )
+        why = self._unconfirmed()
+        if why is not None:
+            raise PublishError(
+                f"{self._where}: {why}; its transactional writer {self.transactional_id} is "
+                "not started until the group confirms this worker's ownership again "
+                "(setting owner_lease_s)"
             )
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,

@@ -42,8 +42,9 @@ The protocol (:class:`RabbitMembership`):
   beats queued meanwhile come before it, so once it is heard, everyone who kept beating
   has been heard; only then does it decide who is gone (and rebalance).
 
-:class:`StaticMembership` pins the partitions of setting ``amqp_partitions`` instead
-(no protocol: one worker per set, single active consumer still guarding).
+:class:`streamapp.rabbitmq.pinned.StaticMembership` pins the partitions of setting
+``amqp_partitions`` instead (no protocol: one worker per set, single active consumer
+still guarding).
 """
 
 from __future__ import annotations
@@ -67,10 +68,11 @@ from aio_pika.abc import (
 )
 
 from ..app import App
+from ..engine.lease import Lease
 from ..engine.served import old_declared
-from ..errors import ConfigError
 from ..settings import Settings
 from ..version_states import MemberTables, encode_member, parse_member
+from .lease import EchoLease
 
 log = logging.getLogger("streamapp.rabbitmq.members")
 
@@ -100,30 +102,6 @@ class Membership(Protocol):
         ...
 
 
-class StaticMembership:
-    """Owns a fixed set of partitions of every source topic, from the settings."""
-
-    def __init__(self, app: App, settings: Settings) -> None:
-        self.owned = _owned(app, settings.owned_partitions())
-        self._revoked: Callable[[Partitions], Awaitable[None]] | None = None
-
-    @property
-    def settled(self) -> bool:
-        return True
-
-    async def start(
-        self,
-        assigned: Callable[[Partitions], None],
-        revoked: Callable[[Partitions], Awaitable[None]],
-    ) -> None:
-        self._revoked = revoked
-        assigned(self.owned)
-
-    async def stop(self) -> None:
-        if self._revoked is not None:
-            await self._revoked(self.owned)
-
-
 def members_exchange(app: App) -> str:
     """The fanout exchange the workers of ``app`` beat on."""
     return app.members_topic
@@ -150,8 +128,11 @@ class RabbitMembership:
         url: Callable[[], str | None] = lambda: None,
         on_change: Callable[[], None] = lambda: None,
         tables: Callable[[], MemberTables] | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.id, self.app, self._connection, self._url = member_id, app, connection, url
+        self._lease = None if lease is None else EchoLease(lease, member_id)
+        """Confirmed by this member's heartbeats heard back; without it, it takes nothing."""
         self._tables = tables
         """This member's table versions, for its heartbeats (None: none said)."""
         self._beaten: object = None
@@ -188,6 +169,11 @@ class RabbitMembership:
         self._tasks: list[asyncio.Task[None]] = []
         self.generation = 0
         """Changes of the member set seen (a rebalance counter, for status and tests)."""
+
+    @property
+    def lease(self) -> Lease | None:
+        """This member's owner's lease (views answer from it; without it, no take)."""
+        return None if self._lease is None else self._lease.lease
 
     @property
     def settled(self) -> bool:
@@ -232,6 +218,8 @@ class RabbitMembership:
         )
         await queue.bind(self._exchange)
         await queue.consume(self._on_message, no_ack=True)
+        if self._lease is not None:
+            self._lease.begin()
         await self._send()
         self._tasks = [
             asyncio.create_task(self._beat(), name=f"members-beat-{self.id}"),
@@ -265,6 +253,8 @@ class RabbitMembership:
         if exchange is None:
             return
         self._sent += 1
+        if self._lease is not None:
+            self._lease.sent(self._sent)
         tables = self._tables() if self._tables is not None else None
         self._beaten = None if tables is None else _phases(tables)
         body = orjson.dumps(
@@ -298,6 +288,8 @@ class RabbitMembership:
         if member == self.id:
             self._echoed = max(self._echoed, seq)
             self._echo.set()
+            if self._lease is not None and self._lease.heard(seq):
+                self._kick.set()  # confirmed again: it may take what it is assigned
             return
         self._heard(member, url, heard, leaving, contested, tables)
 
@@ -337,6 +329,8 @@ class RabbitMembership:
                 await self._send()
             except Exception as exc:  # the robust connection comes back; beats resume
                 log.info("heartbeat of %s not sent: %r", self.id, exc)
+                if self._lease is not None:
+                    self._lease.not_sent(repr(exc))
             if not self._awake.is_set():
                 await self._hear_queued(stalled)
             now = last = time.monotonic()
@@ -453,6 +447,11 @@ class RabbitMembership:
             self.held -= release
             changed = True
         take = self.wanted - self.held - taken
+        if take and self._lease is not None and not self._lease.held:
+            log.warning(
+                "member %s takes none of %s: %s", self.id, _names(sorted(take)), self._lease.why
+            )
+            take = set()
         if take:
             self.held |= take
             self._assigned(sorted(take))
@@ -476,18 +475,3 @@ def _phases(tables: MemberTables) -> object:
 
 def _names(partitions: Iterable[tuple[str, int]]) -> str:
     return " ".join(f"{t}[{p}]" for t, p in partitions)
-
-
-def _owned(app: App, wanted: Iterable[int] | None) -> Partitions:
-    topics = {a.topic.name: a.topic.partitions for a in app.agents.values()}
-    if wanted is None:
-        return [(t, p) for t, n in topics.items() for p in range(n)]
-    wanted = sorted(set(wanted))
-    most = max(topics.values(), default=0)
-    beyond = [p for p in wanted if p >= most]
-    if beyond:
-        raise ConfigError(
-            f"setting amqp_partitions (STREAMAPP_AMQP_PARTITIONS) names partition(s) "
-            f"{beyond}, but no source topic has that many (largest: {most} partitions)"
-        )
-    return [(t, p) for t, n in topics.items() for p in wanted if p < n]

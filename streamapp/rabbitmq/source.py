@@ -33,6 +33,7 @@ from ..codecs import amqp as codec
 from ..engine.assignment import Assignment
 from ..engine.factory import TaskFactory
 from ..engine.interfaces import TaskMetrics
+from ..engine.lease import Lease
 from ..engine.metrics import NO_METRICS
 from ..engine.parking import parker
 from ..engine.replay import HistoryFeed
@@ -46,7 +47,8 @@ from ..settings import Settings
 from ..tables.store import Store, rocks_opener
 from ..topics import TopicSpec
 from .connection import connect, safe_url, with_startup_retry
-from .members import Membership, Partitions, RabbitMembership, StaticMembership
+from .members import Membership, Partitions, RabbitMembership
+from .pinned import StaticMembership
 from .port import RabbitPartitionPort
 from .sink import RabbitSink
 from .topology import chain_queue_counts, check_topology, queue_name
@@ -127,7 +129,9 @@ class RabbitSource:
                 self._views_url,
                 on_change=self._settled,
                 tables=lambda: local_tables(self.assignment, self.member_id),
+                lease=Lease(self.settings.owner_lease()),
             )
+            self.assignment.lease = group.lease
             self.assignment.directory = group
             self.membership = group
         await self.membership.start(self._acquire, self._release)

@@ -1,8 +1,10 @@
 """Liveness, readiness and status of one worker.
 
 ``/healthz`` says the process answers; ``/readyz`` says every assigned partition is
-restored, caught up and live and the group is not rebalancing (503 naming the partitions
-that are not, otherwise); ``/status`` is informational: partitions, phases, lag where the
+restored, caught up and live, the group is not rebalancing and it confirmed this
+worker's ownership within ``owner_lease_s`` (503 otherwise, naming the partitions that
+are not live, ``not_live``, and those whose ownership is not confirmed, ``unconfirmed``,
+with why); ``/status`` is informational: partitions, phases, lag where the
 transport knows it, outcomes, the catch-up progress of the event-store feed, and the last
 stall of the event loop (who blocked it, on which record, how long), the publishes each
 sink's broker did not confirm (``sinks``), the relays' held copies and lag (``relays``)
@@ -35,12 +37,14 @@ def add_routes(
 
     async def readyz(request: web.Request) -> web.Response:
         not_live = assignment.not_live()
+        unconfirmed = assignment.not_confirmed()
         rebalancing = assignment.rebalancing
         body = {
-            "ready": not rebalancing and not not_live,
+            "ready": not rebalancing and not not_live and assignment.unconfirmed() is None,
             "rebalancing": rebalancing,
             "partitions": len(assignment.tasks),
             "not_live": not_live,
+            "unconfirmed": unconfirmed,
             "stuck_on": {
                 task.name: task.counts.stuck_on
                 for task in assignment.tasks.values()

@@ -15,8 +15,7 @@ Every answer to a key names the version that served it or would serve it, in the
 with the version, and the owner answers that version, never another; a partition
 whose lane of that version is not live answers 503 + Retry-After.
 
-- ``GET /tables``: each table's versions with their states, partition counts, and the
-  partitions this worker owns.
+- ``GET /tables``: each table's versions, partition counts, owners (:mod:`.listing`).
 - ``GET /tables/{table}/{key}``: the value, plain JSON (a key of another worker's
   partition is forwarded to it, :mod:`streamapp.web.forward`). ``?version=N`` pins a
   version (404 naming the versions that exist when N is none of them).
@@ -24,6 +23,8 @@ whose lane of that version is not live answers 503 + Retry-After.
   stream version to reach N (else 503). ``?meta=1`` wraps the value with its table
   version, partition, phase, stream version and checkpoint; the same facts are in
   ``X-Streamapp-*`` headers of every answer.
+- Past its owner's lease (:mod:`streamapp.engine.lease`) a key answers 503 (``ownership of
+  partition N not confirmed for X s``); ``?stale_ok=1`` answers, marked :data:`STALE_HEADER`.
 - ``GET /tables/{table}?prefix=&limit=&cursor=``: the whole table (one version, as
   above), merged across the workers, in partition then key order, a page at a time
   (partitions of other workers are asked of their owners); ``cursor`` continues.
@@ -39,7 +40,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..engine.assignment import Assignment
+from ..engine.assignment import UNCONFIRMED, Assignment
 from ..engine.phase import Phase
 from ..engine.served import lane_of, lane_phase, phase_of, serving_tables
 from ..engine.task import PartitionTask
@@ -49,6 +50,7 @@ from ..tables.partition import PartitionTables
 from ..tables.table import Table, scan
 from .cursor import decode_cursor, encode_cursor
 from .forward import FORWARDED, ask_owner, forward
+from .listing import listing
 from .responses import (
     VERSION_HEADER,
     error,
@@ -60,12 +62,15 @@ from .responses import (
 )
 from .routes import VersionRoutes
 
-MAX_KEY_BYTES = 1024
-"""Longer keys (and prefixes) are refused with 414."""
 MIN_VERSION_WAIT_S = 5.0
 """How long ``?min_version=`` waits for the key's stream version."""
 MIN_VERSION_POLL_S = 0.02
-"""The table version that served an answer, or would serve it (200s, 404s, 503s)."""
+MAX_KEY_BYTES = 1024
+"""Longer keys (and prefixes) are refused with 414."""
+STALE_HEADER = "X-Streamapp-Stale"
+"""On a ``?stale_ok=1`` answer past the owner's lease: the seconds not confirmed."""
+STALE = web.RequestKey("stale", float)
+"""A scan's request: the longest unconfirmed time of a local page it answered."""
 SCAN_LIMIT = 100
 SCAN_LIMIT_MAX = 1000
 PARTITION_CACHE_KEYS = 10_000
@@ -112,44 +117,6 @@ def add_routes(
         """The local table whose topic routes keys of ``name`` version ``version``: that
         version's, else the lowest declared here (versions of a table share a topic)."""
         return tables.get((name, version)) or lowest_of[name]
-
-    async def list_tables(request: web.Request) -> web.Response:
-        states, known = routes.states()
-        head = (history() if history is not None else {}).get("head")
-        out = []
-        for name in sorted(set(names()) | set(states)):
-            table_states = states.get(name)
-            active = None if table_states is None else table_states.active
-            entry: dict[str, Any] = {"name": name, "active": active}
-            if name in names():
-                table = route(name, active or 0)
-                agent, _ = declared[table.label]
-                owned = {
-                    str(p): phase_of(task, table).value
-                    for (topic, p), task in sorted(assignment.tasks.items())
-                    if topic == agent.topic.name
-                }
-                entry |= {
-                    "help": table.help,
-                    "agent": agent.name,
-                    "topic": agent.topic.name,
-                    "partitions": agent.topic.partitions,
-                    "owned": owned,
-                    "owners": {
-                        str(p): assignment.remote_owner(table.label, p)
-                        for p in range(agent.topic.partitions)
-                        if str(p) not in owned
-                    },
-                }
-            versions = [] if table_states is None else [v.as_dict() for v in table_states.versions]
-            for v in versions:
-                if v["progress"] is not None:
-                    v["progress"]["head"] = head
-            entry["versions"] = versions
-            out.append(entry)
-        return json_response(
-            {"rebalancing": assignment.rebalancing, "directory_read": known, "tables": out}
-        )
 
     def _name(request: web.Request) -> str:
         name = request.match_info["table"]
@@ -198,11 +165,16 @@ def add_routes(
         return latched
 
     def _serving(
-        name: str, version: int, key: str, request: web.Request | None = None
+        name: str,
+        version: int,
+        key: str,
+        request: web.Request | None = None,
+        *,
+        stale_ok: bool = False,
     ) -> tuple[int, PartitionTables, Table[Any], str]:
         """The live lane of ``version`` owning ``key`` (its partition, committed tables,
         table and phase), or an _Answer (421, 503, or, given ``request``, the owner's
-        answer to it, forwarded)."""
+        answer to it, forwarded). A lapsed lease is 503 unless ``stale_ok``."""
         routing = route(name, version)
         partition, task = owner_of(routing.label, key)
         if task is None and assignment.rebalancing:
@@ -261,7 +233,17 @@ def add_routes(
                 ),
                 version,
             )
+        _confirmed(partition, version, stale_ok)
         return partition, lane.tables, table, phase.value
+
+    def _confirmed(partition: int, version: int | None, stale_ok: bool) -> float | None:
+        """For how long this worker's ownership has not been confirmed (None: the owner's
+        lease holds); an _Answer (503) when it has not and ``stale_ok`` is not given."""
+        gap = assignment.unconfirmed()
+        if gap is not None and not stale_ok:
+            why = f"ownership of partition {partition} not confirmed for {gap:.1f} s"
+            raise _Answer(unavailable(why, partition=partition, phase=UNCONFIRMED), version)
+        return gap
 
     async def get_key(request: web.Request) -> web.Response:
         version: int | None = None
@@ -270,9 +252,12 @@ def add_routes(
             key = request.match_info["key"]
             _check_length("key", key)
             min_version = _int_param(request, "min_version", 0)
-            meta = request.query.get("meta", "") not in ("", "0", "false")
+            meta = _flag(request, "meta")
+            stale_ok = _flag(request, "stale_ok")
             version = _version(request, name)
-            partition, ptables, table, phase = _serving(name, version, key, request)
+            partition, ptables, table, phase = _serving(
+                name, version, key, request, stale_ok=stale_ok
+            )
             stream_version = ptables.committed_version(key)
             deadline = time.monotonic() + MIN_VERSION_WAIT_S
             while stream_version < min_version:
@@ -288,9 +273,11 @@ def add_routes(
                         version,
                     )
                 await asyncio.sleep(MIN_VERSION_POLL_S)
-                partition, ptables, table, phase = _serving(name, version, key)  # may have moved
+                # the partition may have moved, the lease lapsed meanwhile
+                partition, ptables, table, phase = _serving(name, version, key, stale_ok=stale_ok)
                 stream_version = ptables.committed_version(key)
             raw = ptables.store.get(table.data_space, key.encode())
+            stale = _confirmed(partition, version, stale_ok)  # as of the read
         except _Answer as answer:
             return versioned(answer.response, answer.version)
         except _Forward as fwd:
@@ -309,6 +296,8 @@ def add_routes(
             "X-Streamapp-Version": str(stream_version),
             "X-Streamapp-Checkpoint": "" if checkpoint is None else str(checkpoint),
         }
+        if stale is not None:
+            headers[STALE_HEADER] = f"{stale:.1f}"
         if raw is None:
             resp = error(404, f"key {key!r} not found in table {table.label!r}")
             resp.headers.update(headers)
@@ -375,6 +364,9 @@ def add_routes(
                     break
         except _Answer as answer:
             return versioned(answer.response, answer.version)
+        headers = {VERSION_HEADER: str(version)}
+        if STALE in request:
+            headers[STALE_HEADER] = f"{request[STALE]:.1f}"
         return json_response(
             {
                 "table": name,
@@ -385,7 +377,7 @@ def add_routes(
                 "cursor": cursor,
             },
             200,
-            **{VERSION_HEADER: str(version)},
+            **headers,
         )
 
     async def _page(
@@ -414,6 +406,9 @@ def add_routes(
                     ),
                     version,
                 )
+            stale = _confirmed(p, version, _flag(request, "stale_ok"))
+            if stale is not None:  # the page's answer is marked (scan_table)
+                request[STALE] = max(stale, request.get(STALE, 0.0))
             try:
                 rows = scan(
                     ptables.store,
@@ -447,6 +442,8 @@ def add_routes(
         }
         if after is not None:
             query["cursor"] = encode_cursor(p, after)
+        if _flag(request, "stale_ok"):
+            query["stale_ok"] = "1"
         answer = await ask_owner(request, owner, f"/tables/{name}", query, p)
         if answer.status != 200 or answer.body is None:
             raise _Answer(answer, version)
@@ -458,7 +455,7 @@ def add_routes(
     # of the three matches another's paths)
     app.router.add_get("/tables/{table}/{key}", get_key)
     app.router.add_get("/tables/{table}", scan_table)
-    app.router.add_get("/tables", list_tables)
+    app.router.add_get("/tables", listing(assignment, routes, table_names, route, history))
 
 
 class _Answer(Exception):
@@ -482,6 +479,11 @@ def _check_length(what: str, value: str) -> None:
         raise _Answer(
             error(414, f"{what} is longer than {MAX_KEY_BYTES} bytes", max_bytes=MAX_KEY_BYTES)
         )
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    """Whether ``?name=`` is given as something other than empty, 0 or false."""
+    return request.query.get(name, "") not in ("", "0", "false")
 
 
 def _int_param(request: web.Request, name: str, default: int) -> int:

@@ -294,3 +294,27 @@ def test_settings_given_as_text_take_their_declared_types_or_name_the_setting() 
     assert settings.amqp_reconnect is False
     with pytest.raises(ConfigError, match=r"setting poll_timeout_ms: .* is not a valid int"):
         Settings.from_env("a", env={}, poll_timeout_ms="soon")
+
+
+def test_owner_lease_defaults_to_two_thirds_of_the_session_timeout() -> None:
+    assert Settings("a").owner_lease() == pytest.approx(10.0 * 2 / 3)
+    assert Settings("a", broker="rabbitmq").owner_lease() == pytest.approx(2.0)
+    env = {"STREAMAPP_OWNER_LEASE_S": "4.5"}
+    assert Settings.from_env("a", env).owner_lease() == 4.5
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"owner_lease_s": -1.0}, "must be 0"),
+        ({"owner_lease_s": 10.0}, "below session_timeout_ms"),
+        ({"owner_lease_s": 12.0, "session_timeout_ms": 20_000, "broker": "rabbitmq"}, "below amqp"),
+        ({"owner_lease_s": 0.5, "broker": "rabbitmq"}, "exceed twice amqp_heartbeat_ms"),
+    ],
+)
+def test_owner_lease_is_refused_unless_below_the_session_timeout(
+    changes: dict[str, object], why: str
+) -> None:
+    with pytest.raises(ConfigError, match="STREAMAPP_OWNER_LEASE_S") as info:
+        Settings("a", **changes)  # type: ignore[arg-type]
+    assert why in str(info.value)
