@@ -55,7 +55,8 @@ def decode(
         content_type is not None and content_type.lower().startswith(STRUCTURED)
     ):
         return _decode_attributes(value, headers, parse_json)  # it says what is wrong
-    if "streamversion" in extensions:
+    data = _data(value, content_type, parse_json)  # first, as the general path does:
+    if "streamversion" in extensions:  # the same reason for a record wrong in both ways
         _check_version(extensions["streamversion"])
     return build_event(
         event_id,
@@ -66,7 +67,7 @@ def decode(
         time,
         content_type if content_type is not None else core[_DATACONTENTTYPE],
         dataschema,
-        _data(value, content_type, parse_json),
+        data,
         extensions,
     )
 

@@ -13,7 +13,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from cloudevents.v1 import kafka as v1_kafka
 from cloudevents.v1.http import CloudEvent as V1CloudEvent
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamapp import DecodeError, Event
@@ -716,6 +716,11 @@ def _with_valid(extra: list[tuple[str, bytes]], at: int) -> list[tuple[str, byte
     headers=_SOME_HEADERS | st.builds(_with_valid, _SOME_HEADERS, st.integers(0, 10)),
     value=_VALUES,
     parse_json=st.booleans(),
+)
+@example(  # wrong twice: a bad stream version and bad JSON (the one reason both give)
+    headers=[*_VALID, ("content-type", b"application/json"), ("ce_streamversion", b"")],
+    value=b"{",
+    parse_json=True,
 )
 def test_the_one_pass_decode_reads_every_record_as_the_attribute_by_attribute_one(
     headers: list[tuple[str, bytes]], value: bytes | None, parse_json: bool
