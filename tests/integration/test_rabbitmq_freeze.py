@@ -28,7 +28,6 @@ SESSION_TIMEOUT_MS = 2000
 HOLDS = re.compile(r"member (\S+) of (\d+) holds (.*?) \(waiting for")
 
 
-@pytest.mark.timeout(300)
 async def test_a_member_waking_from_a_freeze_hears_the_others_before_it_claims(
     services: Services, tmp_path: Path
 ) -> None:
