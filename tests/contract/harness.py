@@ -191,9 +191,9 @@ class AgentHarness(ABC):
         """The worker's counter ``name`` for ``agent`` on /metrics (None: absent)."""
 
     async def until(
-        self, check: Callable[[], Awaitable[bool]], what: str, stalled_s: float = 30.0
+        self, check: Callable[[], bool | Awaitable[bool]], what: str, stalled_s: float = 30.0
     ) -> None:
-        """Run until ``check`` holds (observed state, polled); fail naming ``what`` once
+        """Run until ``check`` (sync or async) holds, polled; fail naming ``what`` once
         nothing moved (:meth:`progress`) for ``stalled_s``."""
         await until(check, what=what, progress=self.progress, stalled_s=stalled_s, poll_s=0.05)
 

@@ -134,6 +134,10 @@ class WorkerProc:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def log_size(self) -> int:
+        """The log's size in bytes: it grows while the worker starts, connects, restores."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
     @property
     def auth(self) -> dict[str, str]:
         """The bearer header of this worker's views (when it has a token)."""
@@ -276,9 +280,9 @@ def partitions_of(statuses: list[dict[str, Any] | None]) -> bytes:
 
 
 async def wait_ready(worker: WorkerProc, stalled_s: float = 60.0) -> dict[str, Any]:
-    """Until the worker serves /status with every assigned partition ready; fails once its
-    /status (partitions, phases, counts restored and replayed) stood still for
-    ``stalled_s`` or it died."""
+    """Until the worker serves /status with every assigned partition ready; fails once
+    neither its log nor its /status (partitions, phases, counts restored and replayed)
+    moved for ``stalled_s``, or it died."""
     seen: list[dict[str, Any] | None] = [None]
 
     async def check() -> dict[str, Any] | None:
@@ -289,7 +293,7 @@ async def wait_ready(worker: WorkerProc, stalled_s: float = 60.0) -> dict[str, A
     ready: dict[str, Any] = await until(
         check,
         what=f"worker on port {worker.port} ready",
-        progress=lambda: partitions_of(seen),
+        progress=lambda: (worker.log_size(), partitions_of(seen)),
         stalled_s=stalled_s,
         poll_s=0.3,
         detail=lambda: f"{seen[0]}\n{worker.log_text()[-3000:]}",
@@ -301,7 +305,7 @@ async def wait_group_ready(
     workers: list[WorkerProc], partitions: int, stalled_s: float = 90.0
 ) -> None:
     """Until the workers together own ``partitions`` partitions, all ready, in one look;
-    fails once their /status answers stood still for ``stalled_s``."""
+    fails once neither their logs nor their /status answers moved for ``stalled_s``."""
     seen: list[dict[str, Any] | None] = []
 
     async def check() -> bool:
@@ -312,7 +316,7 @@ async def wait_group_ready(
     await until(
         check,
         what=f"{len(workers)} workers ready together on {partitions} partitions",
-        progress=lambda: partitions_of(seen),
+        progress=lambda: (tuple(w.log_size() for w in workers), partitions_of(seen)),
         stalled_s=stalled_s,
         poll_s=0.3,
         detail=lambda: seen,
@@ -372,6 +376,50 @@ def assert_exact(table: dict[str, Any], expected: dict[str, tuple[int, str]]) ->
         if table.get(oid) is None or (table[oid]["version"], table[oid]["status"]) != exp
     }
     assert not wrong, f"{len(wrong)} orders wrong, e.g. {list(wrong.items())[:5]}"
+
+
+def exact(table: dict[str, Any], expected: dict[str, tuple[int, str]]) -> bool:
+    """Whether ``table`` has every order of ``expected`` at its (count, last status)."""
+    return all(
+        table.get(oid) is not None and (table[oid]["version"], table[oid]["status"]) == exp
+        for oid, exp in expected.items()
+    )
+
+
+async def wait_exact(
+    workers: list[WorkerProc],
+    expected: dict[str, tuple[int, str]],
+    name: str = "order_status",
+    stalled_s: float = 60.0,
+) -> dict[str, Any]:
+    """Until table ``name`` (read from every worker) is exact (:func:`assert_exact`);
+    fails, showing what is wrong, once its values stood still for ``stalled_s``. A read
+    that finds a key with no single owner (it moves in a rebalance) is read again."""
+    table: dict[str, Any] = {}
+    moving: list[str] = []
+
+    async def check() -> bool:
+        try:
+            table.update(await read_table(workers, name, list(expected)))
+        except AssertionError as exc:  # owners answered otherwise than once
+            moving[:] = [str(exc)]
+            return False
+        moving.clear()
+        return exact(table, expected)
+
+    try:
+        await until(
+            check,
+            what=f"{name} exact",
+            progress=lambda: frozen(table),
+            stalled_s=stalled_s,
+            poll_s=0.3,
+            detail=lambda: moving,
+        )
+    except AssertionError:
+        assert_exact(table, expected)  # what is wrong
+        raise
+    return table
 
 
 @dataclass

@@ -500,7 +500,7 @@ async def test_a_kafka_worker_catching_up_from_postgres_rides_out_a_restart(
         assert phases & {"restoring", "catching_up"}, f"caught up before the outage: {phases}"
         await asyncio.sleep(DOWN_S)
         await outage.up()
-        await wait_group_ready([worker], 8, within_s=120)
+        await wait_group_ready([worker], 8, stalled_s=120)
         outage.since_up("all partitions live")
         table = await read_table([worker], "order_status", list(expected))
         assert_exact(table, expected)
@@ -543,7 +543,7 @@ async def test_a_rabbitmq_partition_moved_while_postgres_is_down_replays_once_it
     try:
         for w in workers:
             w.start()
-        await wait_group_ready(workers, 8, within_s=120)
+        await wait_group_ready(workers, 8, stalled_s=120)
         mine = set((await wait_ready(workers[0]))["partitions"])
         await outage.down()
         assert workers[1].stop() == 0  # leaves: its partitions move to w1
