@@ -62,8 +62,10 @@ class _Watch:
     def failure(self, detail: object) -> Stalled:
         what = self.what() if callable(self.what) else self.what
         waited = time.monotonic() - self.started
+        last = repr(self.last)
+        last = last if len(last) <= 600 else f"{last[:600]}..."
         moved = (
-            f"last progress {self.last!r} ({self.changes} changes), none for {self.stalled_s:g}s"
+            f"progress stood at {last} for {self.stalled_s:g}s ({self.changes} values seen)"
             if self.changes
             else f"nothing observed moved for {self.stalled_s:g}s"
         )
