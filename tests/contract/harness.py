@@ -10,11 +10,10 @@ knows which transport runs it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -24,6 +23,7 @@ import aiohttp
 from streamapp import App, Event
 from streamapp.agent import Agent
 from streamapp.codecs import kafka as codec
+from tests.support.waits import frozen, until
 
 
 @dataclass(frozen=True)
@@ -149,9 +149,14 @@ class AgentHarness(ABC):
         return codec.decode(parked.key, parked.value, list(parked.headers.items()))
 
     @abstractmethod
-    async def settle(self, within_s: float = 30.0) -> bool:
-        """Run until every record sent is settled at the source, or ``within_s`` passed;
-        True when everything sent is settled."""
+    async def settle(self, stalled_s: float = 30.0) -> bool:
+        """Run until every record sent is settled at the source; True then. A broker's
+        harness fails (``Stalled``) once nothing moved (:meth:`progress`) for
+        ``stalled_s``; the memory broker's answers False when records are stuck."""
+
+    async def progress(self) -> Hashable:
+        """What moves while the transport works: records not settled, handler calls."""
+        return (await self.unsettled(), sum(self.calls.values()))
 
     # observing -----------------------------------------------------------------------
     @abstractmethod
@@ -186,13 +191,11 @@ class AgentHarness(ABC):
         """The worker's counter ``name`` for ``agent`` on /metrics (None: absent)."""
 
     async def until(
-        self, check: Callable[[], Awaitable[bool]], what: str, within_s: float = 30.0
+        self, check: Callable[[], bool | Awaitable[bool]], what: str, stalled_s: float = 30.0
     ) -> None:
-        """Run until ``check`` holds (observed state, polled), or fail naming ``what``."""
-        deadline = time.monotonic() + within_s
-        while not await check():
-            assert time.monotonic() < deadline, f"not {what} within {within_s:.0f}s"
-            await asyncio.sleep(0.05)
+        """Run until ``check`` (sync or async) holds, polled; fail naming ``what`` once
+        nothing moved (:meth:`progress`) for ``stalled_s``."""
+        await until(check, what=what, progress=self.progress, stalled_s=stalled_s, poll_s=0.05)
 
 
 def counter(text: str, name: str, agent: str) -> float | None:
@@ -206,16 +209,25 @@ def counter(text: str, name: str, agent: str) -> float | None:
 
 async def read_view(http: aiohttp.ClientSession, port: int | None, name: str, key: str) -> Any:
     """The committed value of ``key`` in table ``name`` over a worker's HTTP view (None:
-    absent); waits (bounded) while the view answers 503 (restoring, rebalancing)."""
+    absent); waits while the view answers 503 (restoring, rebalancing) and the worker's
+    partitions move (its /status)."""
     url = f"http://127.0.0.1:{port}/tables/{name}/{quote(key, safe='')}"
-    for _ in range(50):
+
+    async def answer() -> tuple[Any] | None:
         async with http.get(url) as r:
             if r.status == 200:
-                return await r.json()
+                return (await r.json(),)
             if r.status == 404:
                 body = await r.json()
                 assert "not found" in body["error"], body
-                return None
+                return (None,)
             assert r.status == 503, (r.status, await r.text())
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"table {name!r} key {key!r}: still 503 after 5s")
+            return None
+
+    async def progress() -> bytes:
+        async with http.get(f"http://127.0.0.1:{port}/status") as r:
+            return frozen((await r.json())["partitions"] if r.status == 200 else r.status)
+
+    what = f"table {name!r} key {key!r} answered, not 503"
+    (value,) = await until(answer, what=what, progress=progress, stalled_s=30)
+    return value

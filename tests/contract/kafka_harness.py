@@ -8,7 +8,6 @@ the worker's HTTP views (committed state); parking topics with a read_committed 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from streamapp.kafka.port import KafkaPartitionPort
 from streamapp.kafka.topology import create_topics
 from streamapp.kafka.transaction import KafkaTransaction
 from streamapp.worker import Worker
+from tests.support.waits import until
 
 from .harness import AgentHarness, Parked, counter, read_view
 
@@ -174,16 +174,16 @@ class KafkaHarness(AgentHarness):
     async def value_of(self, i: int) -> bytes | None:
         return self._all_sent[i][1]
 
-    async def settle(self, within_s: float = 30.0) -> bool:
+    async def settle(self, stalled_s: float = 30.0) -> bool:
         sent, self._sent = self._sent, []
         await asyncio.gather(*sent)  # acks=all: every record is in the topic
-        deadline = time.monotonic() + within_s
-        while True:
-            if await self.unsettled() == 0 and self._idle():
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.05)
+
+        async def settled() -> bool:
+            return await self.unsettled() == 0 and self._idle()
+
+        return await until(
+            settled, what="every record settled", progress=self.progress, stalled_s=stalled_s
+        )
 
     def _idle(self) -> bool:
         """No partition task is committing: with tables the offset is committed after the

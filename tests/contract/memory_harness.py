@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -64,7 +65,7 @@ class MemoryHarness(AgentHarness):
     async def value_of(self, i: int) -> bytes | None:
         return self._sent[i].value
 
-    async def settle(self, within_s: float = 30.0) -> bool:
+    async def settle(self, stalled_s: float = 30.0) -> bool:
         try:
             await self.broker.process()  # bounded by max_attempts per record
         except StuckRecordsError:
@@ -93,9 +94,12 @@ class MemoryHarness(AgentHarness):
         return self.broker.clock() * 1000
 
     async def until(
-        self, check: Callable[[], Awaitable[bool]], what: str, within_s: float = 30.0
+        self, check: Callable[[], bool | Awaitable[bool]], what: str, stalled_s: float = 30.0
     ) -> None:
         """One :meth:`MemoryBroker.process` round runs everything that can run (back-offs
         fast-forwarded), so the state is final once it returns: no waiting."""
         await self.broker.process()
-        assert await check(), f"not {what} after MemoryBroker.process()"
+        held = check()
+        assert await held if inspect.isawaitable(held) else held, (
+            f"not {what} after MemoryBroker.process()"
+        )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -49,6 +48,7 @@ from streamapp.records import Delivery
 from streamapp.records import DeliveryRecord as Record
 from streamapp.records import Message as Outgoing
 from streamapp.storeonly.source import _StorePort
+from tests.support.waits import until
 
 TOPIC_PARTITIONS = 2
 
@@ -84,21 +84,27 @@ class Member(ABC):
         """One round of the transport's delivery path (a fetch loop that runs on its own
         does nothing here)."""
 
-    async def take(self, partition: int, n: int, within_s: float = 20.0) -> list[Delivery]:
-        """The next ``n`` deliveries of ``partition`` handed to the task (waits, bounded)."""
-        deadline = time.monotonic() + within_s
+    async def take(self, partition: int, n: int, stalled_s: float = 20.0) -> list[Delivery]:
+        """The next ``n`` deliveries of ``partition`` handed to the task; fails once none
+        came for ``stalled_s``."""
         start = self._taken[partition]
-        while len(self.handed[partition]) < start + n:
-            await self.pump()
-            if len(self.handed[partition]) >= start + n:
-                break
-            assert time.monotonic() < deadline, (
-                f"partition {partition}: {len(self.handed[partition]) - start} of {n} "
-                f"deliveries handed within {within_s:.0f}s"
-            )
-            await asyncio.sleep(0.02)
+        handed = self.handed[partition]
+
+        async def enough() -> bool:
+            if len(handed) < start + n:
+                await self.pump()
+            return len(handed) >= start + n
+
+        await until(
+            enough,
+            what=f"{n} deliveries of partition {partition} handed",
+            progress=lambda: len(handed),
+            stalled_s=stalled_s,
+            poll_s=0.02,
+            detail=lambda: f"{len(handed) - start} of {n} handed",
+        )
         self._taken[partition] = start + n
-        return self.handed[partition][start : start + n]
+        return handed[start : start + n]
 
     def untaken(self, partition: int) -> list[Delivery]:
         """Handed to the task and not yet taken by the test."""

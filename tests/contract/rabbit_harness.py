@@ -25,9 +25,7 @@ counted where they are made, by the worker's partition ports.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +42,7 @@ from streamapp.rabbitmq.topology import create_topology, plans, queue_name
 from streamapp.rabbitmq.wire import from_message
 from streamapp.topics import TopicRole
 from streamapp.worker import Worker
+from tests.support.waits import until
 
 from .harness import AgentHarness, Parked, counter, read_view
 from .kafka_harness import FAST
@@ -181,14 +180,13 @@ class RabbitHarness(AgentHarness):
     async def value_of(self, i: int) -> bytes | None:
         return self._records[i][1]
 
-    async def settle(self, within_s: float = 30.0) -> bool:
-        deadline = time.monotonic() + within_s
-        while True:
-            if await self.unsettled() == 0:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.05)
+    async def settle(self, stalled_s: float = 30.0) -> bool:
+        async def settled() -> bool:
+            return await self.unsettled() == 0
+
+        return await until(
+            settled, what="every record settled", progress=self.progress, stalled_s=stalled_s
+        )
 
     async def unsettled(self) -> int:
         assert self.worker is not None, "start the app first"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from streamapp.errors import InvalidEventError
 from streamapp.eventstore import EventStoreBackend, open_store, parse_url
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
+from tests.support.waits import until
 
 from .harness import AgentHarness, Parked, counter, read_view
 
@@ -88,10 +88,14 @@ class StoreHarness(AgentHarness):
         self.worker = worker
         # A stateless partition starts at the head when it goes live (new events only,
         # like a new consumer group): wait for that, or the first sends could precede it.
-        deadline = time.monotonic() + 30
-        while not self._tasks_live():
-            assert time.monotonic() < deadline, f"not live after 30s: {self._status()}"
-            await asyncio.sleep(0.02)
+        await until(
+            self._tasks_live,
+            what="every partition live",
+            progress=lambda: repr(self._status()),
+            stalled_s=30,
+            poll_s=0.02,
+            detail=self._status,
+        )
 
     async def stop(self) -> None:
         worker, self.worker = self.worker, None
@@ -193,14 +197,17 @@ class StoreHarness(AgentHarness):
         """A parked copy is the stored row: structured JSON, no ``ce_`` headers."""
         return structured.from_json(parked.value or b"")
 
-    async def settle(self, within_s: float = 30.0) -> bool:
-        deadline = time.monotonic() + within_s
-        while True:
-            if await self.unsettled() == 0:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.02)
+    async def settle(self, stalled_s: float = 30.0) -> bool:
+        async def settled() -> bool:
+            return await self.unsettled() == 0
+
+        return await until(
+            settled,
+            what="every event settled",
+            progress=self.progress,
+            stalled_s=stalled_s,
+            poll_s=0.02,
+        )
 
     # observing -----------------------------------------------------------------------
     async def unsettled(self) -> int:

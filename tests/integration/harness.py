@@ -25,6 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streamapp import Event
 from streamapp.codecs import kafka as codec
 from tests.support.services import restart_service as restart_service  # moved there
+from tests.support.waits import frozen, until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,6 +138,10 @@ class WorkerProc:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def log_size(self) -> int:
+        """The log's size in bytes: it grows while the worker starts, connects, restores."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
     @property
     def auth(self) -> dict[str, str]:
         """The bearer header of this worker's views (when it has a token)."""
@@ -229,55 +234,97 @@ async def lag(bootstrap: str, group: str, topic: str) -> int:
 
 
 async def wait_caught_up(
-    bootstrap: str, group: str, topic: str, within_s: float, workers: list[WorkerProc]
+    bootstrap: str, group: str, topic: str, stalled_s: float, workers: list[WorkerProc]
 ) -> None:
-    deadline = time.monotonic() + within_s
-    remaining = -1
-    while time.monotonic() < deadline:
-        for w in workers:
-            assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
-        remaining = await lag(bootstrap, group, topic)
-        if remaining == 0 and await _idle(workers):
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(
-        f"group {group} still {remaining} records behind on {topic} after {within_s}s"
+    """Until ``group`` has committed all of ``topic`` and no worker is in a batch; fails
+    once neither the lag nor the workers' partitions (events processed, positions) moved
+    for ``stalled_s``, or a worker dies."""
+    seen: dict[str, Any] = {"lag": -1, "statuses": []}
+
+    async def check() -> bool:
+        alive(workers)
+        seen["lag"] = await lag(bootstrap, group, topic)
+        seen["statuses"] = [await w.status() for w in workers]
+        return seen["lag"] == 0 and _idle(seen["statuses"])
+
+    await until(
+        check,
+        what=f"group {group} caught up on {topic}",
+        progress=lambda: (seen["lag"], partitions_of(seen["statuses"])),
+        stalled_s=stalled_s,
+        poll_s=0.5,
+        detail=lambda: f"{seen['lag']} records behind",
     )
 
 
-async def _idle(workers: list[WorkerProc]) -> bool:
+def _idle(statuses: list[dict[str, Any] | None]) -> bool:
     """No partition of the workers is in a batch: what their views read is at rest."""
+    return all(
+        s is not None and not any(p["busy"] for p in s["partitions"].values()) for s in statuses
+    )
+
+
+def alive(workers: list[WorkerProc], what: str = "") -> None:
+    """Fail at once, with its log's tail, when a worker has exited."""
     for w in workers:
-        status = await w.status()
-        if status is None or any(p["busy"] for p in status["partitions"].values()):
-            return False
-    return True
+        assert w.alive, (
+            f"worker died{what and f' while waiting for {what}'}:\n{w.log_text()[-3000:]}"
+        )
 
 
-async def wait_ready(worker: WorkerProc, within_s: float = 60.0) -> dict[str, Any]:
-    """Until the worker serves /status with every assigned partition ready."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        assert worker.alive, f"worker died:\n{worker.log_text()[-3000:]}"
-        status = await worker.status()
-        if status and status["partitions"] and status["ready"]:
-            return status
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"worker not ready after {within_s}s:\n{worker.log_text()[-3000:]}")
+def partitions_of(statuses: list[dict[str, Any] | None]) -> bytes:
+    """The progress of the workers' /status answers: their ready flags and partitions
+    (phases, positions, counts), nothing that changes with the clock alone."""
+    return frozen(
+        [
+            None if s is None else (s.get("ready"), s.get("rebalancing"), s["partitions"])
+            for s in statuses
+        ]
+    )
+
+
+async def wait_ready(worker: WorkerProc, stalled_s: float = 60.0) -> dict[str, Any]:
+    """Until the worker serves /status with every assigned partition ready; fails once
+    neither its log nor its /status (partitions, phases, counts restored and replayed)
+    moved for ``stalled_s``, or it died."""
+    seen: list[dict[str, Any] | None] = [None]
+
+    async def check() -> dict[str, Any] | None:
+        alive([worker])
+        seen[0] = status = await worker.status()
+        return status if status and status["partitions"] and status["ready"] else None
+
+    ready: dict[str, Any] = await until(
+        check,
+        what=f"worker on port {worker.port} ready",
+        progress=lambda: (worker.log_size(), partitions_of(seen)),
+        stalled_s=stalled_s,
+        poll_s=0.3,
+        detail=lambda: f"{seen[0]}\n{worker.log_text()[-3000:]}",
+    )
+    return ready
 
 
 async def wait_group_ready(
-    workers: list[WorkerProc], partitions: int, within_s: float = 90.0
+    workers: list[WorkerProc], partitions: int, stalled_s: float = 90.0
 ) -> None:
-    """Until the workers together own ``partitions`` partitions, all ready, in one look."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        statuses = [await w.status() for w in workers]
-        ready = [s for s in statuses if s and s["ready"] and s["partitions"]]
-        if len(ready) == len(workers) and sum(len(s["partitions"]) for s in ready) == partitions:
-            return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"workers not ready together after {within_s}s")
+    """Until the workers together own ``partitions`` partitions, all ready, in one look;
+    fails once neither their logs nor their /status answers moved for ``stalled_s``."""
+    seen: list[dict[str, Any] | None] = []
+
+    async def check() -> bool:
+        seen[:] = [await w.status() for w in workers]
+        ready = [s for s in seen if s and s["ready"] and s["partitions"]]
+        return len(ready) == len(workers) and sum(len(s["partitions"]) for s in ready) == partitions
+
+    await until(
+        check,
+        what=f"{len(workers)} workers ready together on {partitions} partitions",
+        progress=lambda: (tuple(w.log_size() for w in workers), partitions_of(seen)),
+        stalled_s=stalled_s,
+        poll_s=0.3,
+        detail=lambda: seen,
+    )
 
 
 async def read_table(workers: list[WorkerProc], table: str, keys: list[str]) -> dict[str, Any]:
@@ -288,7 +335,7 @@ async def read_table(workers: list[WorkerProc], table: str, keys: list[str]) -> 
     async with aiohttp.ClientSession() as http:
 
         async def ask(w: WorkerProc, key: str) -> tuple[int, Any, bool]:
-            for _ in range(50):  # honour Retry-After (bounded): 503 while restoring
+            async def answer() -> tuple[int, Any, bool] | None:
                 async with http.get(
                     f"http://127.0.0.1:{w.port}/tables/{table}/{key}", headers=w.auth
                 ) as r:
@@ -296,8 +343,17 @@ async def read_table(workers: list[WorkerProc], table: str, keys: list[str]) -> 
                         forwarded = "X-Streamapp-Forwarded-To" in r.headers
                         return r.status, await r.json(), forwarded
                     assert r.headers["Retry-After"]
-                await asyncio.sleep(0.2)
-            raise AssertionError(f"{key}: still 503 from port {w.port}")
+                    return None
+
+            async def progress() -> bytes:
+                return partitions_of([await w.status()])
+
+            # honour Retry-After while the worker restores or rebalances (it moves)
+            what = f"{key} answered by port {w.port}, not 503"
+            answered: tuple[int, Any, bool] = await until(
+                answer, what=what, progress=progress, stalled_s=60, poll_s=0.2
+            )
+            return answered
 
         async def one(key: str) -> None:
             local, forwarded = [], []
@@ -324,6 +380,50 @@ def assert_exact(table: dict[str, Any], expected: dict[str, tuple[int, str]]) ->
         if table.get(oid) is None or (table[oid]["version"], table[oid]["status"]) != exp
     }
     assert not wrong, f"{len(wrong)} orders wrong, e.g. {list(wrong.items())[:5]}"
+
+
+def exact(table: dict[str, Any], expected: dict[str, tuple[int, str]]) -> bool:
+    """Whether ``table`` has every order of ``expected`` at its (count, last status)."""
+    return all(
+        table.get(oid) is not None and (table[oid]["version"], table[oid]["status"]) == exp
+        for oid, exp in expected.items()
+    )
+
+
+async def wait_exact(
+    workers: list[WorkerProc],
+    expected: dict[str, tuple[int, str]],
+    name: str = "order_status",
+    stalled_s: float = 60.0,
+) -> dict[str, Any]:
+    """Until table ``name`` (read from every worker) is exact (:func:`assert_exact`);
+    fails, showing what is wrong, once its values stood still for ``stalled_s``. A read
+    that finds a key with no single owner (it moves in a rebalance) is read again."""
+    table: dict[str, Any] = {}
+    moving: list[str] = []
+
+    async def check() -> bool:
+        try:
+            table.update(await read_table(workers, name, list(expected)))
+        except AssertionError as exc:  # owners answered otherwise than once
+            moving[:] = [str(exc)]
+            return False
+        moving.clear()
+        return exact(table, expected)
+
+    try:
+        await until(
+            check,
+            what=f"{name} exact",
+            progress=lambda: frozen(table),
+            stalled_s=stalled_s,
+            poll_s=0.3,
+            detail=lambda: moving,
+        )
+    except AssertionError:
+        assert_exact(table, expected)  # what is wrong
+        raise
+    return table
 
 
 @dataclass
@@ -533,20 +633,27 @@ async def wait_statuses(
     workers: list[WorkerProc],
     seen: Callable[[list[dict[str, Any]]], bool],
     what: str,
-    within_s: float = 90.0,
+    stalled_s: float = 90.0,
 ) -> list[dict[str, Any]]:
     """Until ``seen`` holds for the workers' /status answers (in order), polled every
-    0.1 s; their statuses then. Fails naming ``what`` if a worker dies or time runs out."""
-    deadline = time.monotonic() + within_s
-    while True:
-        statuses = []
-        for w in workers:
-            assert w.alive, f"worker died while waiting for {what}:\n{w.log_text()[-3000:]}"
-            statuses.append(await w.status() or {"partitions": {}, "ready": False})
-        if seen(statuses):
-            return statuses
-        assert time.monotonic() < deadline, f"not within {within_s}s: {what}: {statuses}"
-        await asyncio.sleep(0.1)
+    0.1 s; their statuses then. Fails naming ``what`` if a worker dies or their
+    partitions (phases, positions, counts) stood still for ``stalled_s``."""
+    last: list[dict[str, Any]] = []
+
+    async def check() -> list[dict[str, Any]] | None:
+        alive(workers, what)
+        last[:] = [await w.status() or {"partitions": {}, "ready": False} for w in workers]
+        return list(last) if seen(last) else None
+
+    statuses: list[dict[str, Any]] = await until(
+        check,
+        what=what,
+        progress=lambda: partitions_of(list(last)),
+        stalled_s=stalled_s,
+        poll_s=0.1,
+        detail=lambda: last,
+    )
+    return statuses
 
 
 def processed(status: dict[str, Any]) -> int:

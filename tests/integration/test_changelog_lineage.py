@@ -143,7 +143,7 @@ async def test_a_store_of_a_deleted_changelog_is_wiped_and_restored(
     try:
         started = time.monotonic()
         await wait_ready(again)
-        took = await wait_tally(again, expected, "v2", within_s=60)
+        took = await wait_tally(again, expected, "v2", stalled_s=60)
         print(
             f"kept store -> exact v2 tally of {STREAMS} keys in {time.monotonic() - started:.1f}s"
         )
@@ -165,7 +165,7 @@ async def test_a_store_of_a_deleted_changelog_is_wiped_and_restored(
     ordinary = worker("v2").start()
     try:
         await wait_ready(ordinary)
-        await wait_tally(ordinary, expected, "v2", within_s=30)
+        await wait_tally(ordinary, expected, "v2", stalled_s=30)
         assert await restored(ordinary) == 0
         assert not lineage_warnings(ordinary.log_text(), changelog)
     finally:
@@ -254,7 +254,7 @@ async def test_a_store_whose_record_was_compacted_away_is_restored_in_full(
     again = worker().start()
     try:
         await wait_ready(again)
-        await wait_tally(again, expected, "v1", within_s=30)
+        await wait_tally(again, expected, "v1", stalled_s=30)
         warned = lineage_warnings(again.log_text(), changelog)
         assert sorted(warned) == list(range(PARTITIONS)), again.log_text()[-3000:]
         assert all("compacted away" in why for why in warned.values()), warned
@@ -269,7 +269,7 @@ async def test_a_store_whose_record_was_compacted_away_is_restored_in_full(
     ordinary = worker().start()
     try:
         await wait_ready(ordinary)
-        await wait_tally(ordinary, expected, "v1", within_s=30)
+        await wait_tally(ordinary, expected, "v1", stalled_s=30)
         assert await restored(ordinary) == 0
         assert not lineage_warnings(ordinary.log_text(), changelog)
     finally:

@@ -239,7 +239,7 @@ async def test_a_dead_worker_with_a_fast_clock_is_never_routed_to(
     async with skewed_group(kafka_bootstrap, tmp_path) as group, aiohttp.ClientSession() as http:
         group.skewed.kill()
         killed = time.monotonic()
-        await wait_group_ready(group.live, PARTITIONS, within_s=SESSION_TIMEOUT_MS / 1000 + 60)
+        await wait_group_ready(group.live, PARTITIONS, stalled_s=SESSION_TIMEOUT_MS / 1000 + 60)
         rebalanced = time.monotonic() - killed
         passes, retried = await converge(http, group, killed)
         converged = time.monotonic() - killed
@@ -259,14 +259,14 @@ async def test_a_frozen_worker_with_a_fast_clock_is_not_routed_to_until_it_rejoi
     async with skewed_group(kafka_bootstrap, tmp_path) as group, aiohttp.ClientSession() as http:
         group.skewed.freeze()
         frozen = time.monotonic()
-        await wait_group_ready(group.live, PARTITIONS, within_s=SESSION_TIMEOUT_MS / 1000 + 60)
+        await wait_group_ready(group.live, PARTITIONS, stalled_s=SESSION_TIMEOUT_MS / 1000 + 60)
         rebalanced = time.monotonic() - frozen
         passes, retried = await converge(http, group, frozen)
         converged = time.monotonic() - frozen
         group.skewed.thaw()
         thawed = time.monotonic()
         everyone = [*group.live, group.skewed]
-        await wait_group_ready(everyone, PARTITIONS, within_s=SESSION_TIMEOUT_MS / 1000 + 60)
+        await wait_group_ready(everyone, PARTITIONS, stalled_s=SESSION_TIMEOUT_MS / 1000 + 60)
         deadline = time.monotonic() + CONVERGE_MARGIN_S
         while True:
             answers = await ask_all(http, everyone, group.expected)

@@ -20,7 +20,6 @@ from tests.conftest import Services
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.mark.timeout(120)
 async def test_rabbitmq_close_line_names_the_store_position_it_resumes_from(
     services: Services, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -104,7 +104,6 @@ def _store_checkpoint(data_dir: Path, app_id: str, partition: int) -> Checkpoint
         store.close()
 
 
-@pytest.mark.timeout(400)
 @pytest.mark.parametrize("point", crashpoint.POINTS)
 async def test_a_crash_at_each_step_of_the_commit_order_applies_and_sends_once(
     point: str, kafka_bootstrap: str, tmp_path: Path

@@ -24,6 +24,7 @@ from streamapp.eventstore import Append, open_store
 from streamapp.kafka.topology import create_topics as create_app_topics
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
+from tests.support.waits import until
 
 from .harness import WorkerProc, create_topics, lag, read_table, wait_caught_up, wait_ready
 
@@ -150,15 +151,22 @@ async def test_redeliver_applies_once_and_other_partitions_flow(
                 async with http.get(url + key) as r:
                     return int((await r.json())["n"]) if r.status == 200 else 0
 
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                others_done = all([await n_of(k) == 20 for k in others])
-                stuck = await n_of(stuck_key)
+            counted: list[int] = []
+
+            async def done() -> bool:
+                nonlocal seen_while_stuck
+                counted[:] = [await n_of(k) for k in (*others, stuck_key)]
+                others_done, stuck = all(n == 20 for n in counted[:-1]), counted[-1]
                 if others_done and stuck == 0:
                     seen_while_stuck = True
-                if others_done and stuck == 6:
-                    break
-                await asyncio.sleep(0.1)
+                return others_done and stuck == 6
+
+            await until(
+                done,
+                what="every key counted",
+                progress=lambda: (tuple(counted), sum(calls.values())),
+                poll_s=0.1,
+            )
             assert await n_of(stuck_key) == 6  # the flaky event counted once, not three times
         assert seen_while_stuck  # the other partitions finished while partition 0 waited
         assert calls[flaky_id] == 3
@@ -197,20 +205,17 @@ async def test_a_slow_batch_is_cut_by_the_budget_and_flushed_in_parts(
     await worker.start()
     try:
         behind: list[int] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        async def committed() -> bool:
             behind.append(await lag(kafka_bootstrap, app.id, topic.name))
-            if behind[-1] == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert behind[-1] == 0
+            return behind[-1] == 0
+
+        await until(committed, what="the lag gone", progress=lambda: behind[-1], poll_s=0.05)
         partial = {n for n in behind if 0 < n < 60}
         assert len(partial) >= 2, behind  # committed in several parts, not once at the end
         runner = next(iter(worker.source.assignment.tasks.values()))
-        for _ in range(100):  # the offset commits in the transaction, the store right after
-            if not runner.busy:
-                break
-            await asyncio.sleep(0.05)
+        # the offset commits in the transaction, the store right after
+        await until(lambda: not runner.busy, what="the batch done", stalled_s=30, poll_s=0.05)
         assert runner.tables is not None
         view = runner.tables.views[0]
         assert [view.get(f"k{i}") for i in range(3)] == [20, 20, 20]
@@ -263,18 +268,21 @@ async def test_bounded_redeliver_parks_after_its_attempts_and_the_partition_goes
                 async with http.get(url + key) as r:
                     return int((await r.json())["n"]) if r.status == 200 else 0
 
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if await n_of(stuck_key) == 7 and await n_of(other_key) == 10:
-                    break
-                await asyncio.sleep(0.1)
+            counted: list[int] = []
+
+            async def done() -> bool:
+                counted[:] = [await n_of(stuck_key), await n_of(other_key)]
+                return counted == [7, 10]
+
+            await until(
+                done,
+                what="7 and 10 counted",
+                progress=lambda: (tuple(counted), sum(len(t) for t in calls.values())),
+                poll_s=0.1,
+            )
             assert await n_of(stuck_key) == 7  # the 7 good records of the partition, once
             assert await n_of(other_key) == 10
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if await lag(kafka_bootstrap, app.id, topic.name) == 0:
-                break
-            await asyncio.sleep(0.2)
+        await _lag_gone(kafka_bootstrap, app.id, topic.name)
         assert await lag(kafka_bootstrap, app.id, topic.name) == 0  # committed past it
         assert len(calls[poison_id]) == 3
         gaps = [b - a for a, b in itertools.pairwise(calls[poison_id])]
@@ -341,11 +349,11 @@ async def test_bounded_redeliver_parks_a_replayed_event_during_catch_up(
     await worker.start()
     try:
         tasks = worker.source.assignment.tasks  # the group may assign after start returns
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if tasks and all(t.phase is Phase.LIVE for t in tasks.values()):
-                break
-            await asyncio.sleep(0.1)
+        await until(
+            lambda: tasks and all(t.phase is Phase.LIVE for t in tasks.values()),
+            what="every partition live",
+            progress=lambda: repr([t.status() for t in tasks.values()]),
+        )
         (task,) = tasks.values()
         assert task.phase is Phase.LIVE
         assert task.tables is not None
@@ -419,14 +427,20 @@ async def test_refuse_stops_the_worker_commits_nothing_for_it_and_leaves_the_gro
     worker = Worker(fixed, fixed.settings())
     await worker.start()
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if await lag(kafka_bootstrap, app.id, f"{ns}in") == 0:
-                break
-            await asyncio.sleep(0.2)
-        assert await lag(kafka_bootstrap, app.id, f"{ns}in") == 0
+        await _lag_gone(kafka_bootstrap, app.id, f"{ns}in")
         (task,) = worker.source.assignment.tasks.values()
         assert task.tables is not None
         assert task.tables.views[0].get("s") == 6  # each event once, the refused one too
     finally:
         await worker.stop()
+
+
+async def _lag_gone(bootstrap: str, group: str, topic: str) -> None:
+    """Until ``group`` committed all of ``topic``; fails once the lag stood still 60 s."""
+    behind = [-1]
+
+    async def committed() -> bool:
+        behind[0] = await lag(bootstrap, group, topic)
+        return behind[0] == 0
+
+    await until(committed, what=f"{group} caught up on {topic}", progress=lambda: behind[0])

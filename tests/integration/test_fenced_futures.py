@@ -24,7 +24,6 @@ from streamapp.tables.partition import BatchChanges
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.mark.timeout(120)
 async def test_a_fenced_writer_leaves_no_unretrieved_future(
     kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

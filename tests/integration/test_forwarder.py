@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer
 
 from streamapp import Event
 from streamapp.eventstore import Append, open_store
+from tests.support.waits import until
 
 from .harness import ROOT, app_env, create_topics, streamapp_cmd
 
@@ -66,22 +67,30 @@ class Forwarder:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=30)
 
-    async def web_url(self, within_s: float = 30) -> str:
+    async def web_url(self, stalled_s: float = 30) -> str:
         """Where this forwarder serves /metrics and /status (``--web-port 0``: from its log)."""
-        await self.wait_log("/status on http://", within_s)
+        await self.wait_log("/status on http://", stalled_s)
         found = re.search(r"/status on (http://[\d.]+:\d+)", self.log())
         assert found, self.log()[-3000:]
         return found.group(1)
 
-    async def wait_log(self, text: str, within_s: float = 30) -> None:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
+    async def wait_log(self, text: str, stalled_s: float = 30) -> None:
+        """Until the log has ``text``; fails once the log did not grow for ``stalled_s``."""
+
+        def logged() -> bool:
             if text in self.log():
-                return
+                return True
             assert self.proc is not None
             assert self.proc.poll() is None, f"forwarder exited:\n{self.log()[-3000:]}"
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"{text!r} not logged within {within_s}s:\n{self.log()[-3000:]}")
+            return False
+
+        await until(
+            logged,
+            what=f"{text!r} logged",
+            progress=lambda: len(self.log()),
+            stalled_s=stalled_s,
+            detail=lambda: self.log()[-3000:],
+        )
 
 
 def events(n: int, start: int = 0) -> list[Append]:
@@ -113,38 +122,55 @@ def checkpoint(db: Path, name: str) -> int:
     return 1 if row is None else int(row[0])
 
 
-async def wait_checkpoint(db: Path, name: str, want: int, within_s: float) -> None:
-    """Until forwarder ``name``'s checkpoint is ``want`` (polled every 0.2 s)."""
-    for _ in range(int(within_s / 0.2)):
-        if checkpoint(db, name) == want:
-            return
-        await asyncio.sleep(0.2)
-    assert checkpoint(db, name) == want
+async def wait_checkpoint(db: Path, name: str, want: int, stalled_s: float = 30) -> None:
+    """Until forwarder ``name``'s checkpoint is ``want`` (polled every 0.2 s); fails once
+    it stood still for ``stalled_s`` (past ``want`` too: it never comes back)."""
+    await until(
+        lambda: checkpoint(db, name) == want,
+        what=f"forwarder {name}'s checkpoint at {want}",
+        progress=lambda: checkpoint(db, name),
+        stalled_s=stalled_s,
+        poll_s=0.2,
+    )
 
 
-async def wait_checkpoint_past(db: Path, name: str, at_least: int, within_s: float) -> int:
-    """Until forwarder ``name``'s checkpoint is at least ``at_least``; returns it."""
-    deadline = time.monotonic() + within_s
-    while (at := checkpoint(db, name)) < at_least:
-        assert time.monotonic() < deadline, f"checkpoint {at} < {at_least} after {within_s}s"
-        await asyncio.sleep(0.05)
+async def wait_checkpoint_past(db: Path, name: str, at_least: int, stalled_s: float = 30) -> int:
+    """Until forwarder ``name``'s checkpoint is at least ``at_least``; returns it. Fails
+    once it stood still for ``stalled_s``."""
+    at: int = await until(
+        lambda: (c := checkpoint(db, name)) >= at_least and c,
+        what=f"forwarder {name}'s checkpoint at {at_least} or past",
+        progress=lambda: checkpoint(db, name),
+        stalled_s=stalled_s,
+        poll_s=0.05,
+    )
     return at
 
 
-async def consume(bootstrap: str, topic: str, want: int, within_s: float = 60) -> list[object]:
-    """Records of ``topic`` until ``want`` distinct ce_id values were seen."""
+async def consume(bootstrap: str, topic: str, want: int, stalled_s: float = 30) -> list[object]:
+    """Records of ``topic`` until ``want`` distinct ce_id values were seen; fails once no
+    record came for ``stalled_s``."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     records: list[object] = []
     ids: set[bytes] = set()
+
+    async def enough() -> bool:
+        batch = await consumer.getmany(timeout_ms=500)
+        for recs in batch.values():
+            for rec in recs:
+                records.append(rec)
+                ids.add(dict(rec.headers)["ce_id"])
+        return len(ids) >= want
+
     try:
-        deadline = time.monotonic() + within_s
-        while len(ids) < want and time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=500)
-            for recs in batch.values():
-                for rec in recs:
-                    records.append(rec)
-                    ids.add(dict(rec.headers)["ce_id"])
+        await until(
+            enough,
+            what=f"{want} distinct events on {topic}",
+            progress=lambda: len(records),
+            stalled_s=stalled_s,
+            poll_s=0,
+        )
     finally:
         await consumer.stop()
     assert len(ids) == want, f"{len(ids)} distinct events on {topic}, want {want}"
@@ -168,7 +194,7 @@ async def test_forwards_every_event_keyed_by_stream_id(
     fwd = Forwarder(kafka_bootstrap, ns, url, tmp_path / "fwd.log").start("--chunk", "300")
     try:
         records = await consume(kafka_bootstrap, f"{ns}fwd-orders", n)
-        await wait_checkpoint(db, f"{ns}fwd", n + 1, within_s=30)
+        await wait_checkpoint(db, f"{ns}fwd", n + 1)
     finally:
         assert fwd.stop() == 0, fwd.log()[-3000:]
     assert len(records) == n  # no crash: each once
@@ -218,14 +244,14 @@ async def test_kill_9_mid_run_then_restart_loses_nothing(
     first = Forwarder(kafka_bootstrap, ns, url, log).start("--chunk", "200")
     try:
         # mid-run, observed: a few chunks published, the load still being appended
-        await wait_checkpoint_past(db, f"{ns}fwd", 1000, within_s=60)
+        await wait_checkpoint_past(db, f"{ns}fwd", 1000)
         assert not appending.done(), "the load ended before the kill"
         first.kill()
         at_kill = checkpoint(db, f"{ns}fwd")
         assert 1000 <= at_kill < n + 1, f"checkpoint {at_kill}: kill not mid-run"
         second = Forwarder(kafka_bootstrap, ns, url, log).start("--chunk", "200")
-        await asyncio.wait_for(appending, 60)
-        await wait_checkpoint(db, f"{ns}fwd", n + 1, within_s=60)
+        await appending
+        await wait_checkpoint(db, f"{ns}fwd", n + 1)
         assert second.stop() == 0
     finally:
         appending.cancel()
@@ -255,15 +281,15 @@ async def test_two_forwarders_one_publishes_the_other_takes_over(
         # the load starts once both run (a slow start must not let a publish it all)
         appending = asyncio.create_task(append_at_rate(url, n - 100, rate=2000))
         # A publishes chunk after chunk of the running load (observed) while B waits
-        await wait_checkpoint_past(db, f"{ns}fwd", 1000, within_s=60)
+        await wait_checkpoint_past(db, f"{ns}fwd", 1000)
         assert not appending.done(), "the load ended before the kill"
         assert "published positions" in a.log(), a.log()[-2000:]  # its first chunk's line
         assert "published positions" not in b.log(), "two forwarders published at once"
         assert "holds the forwarder lock" not in b.log()
         a.kill()
-        await b.wait_log("holds the forwarder lock", within_s=60)  # the bound stops a hang
-        await asyncio.wait_for(appending, 60)
-        await wait_checkpoint(db, f"{ns}fwd", n + 1, within_s=60)
+        await b.wait_log("holds the forwarder lock")
+        await appending
+        await wait_checkpoint(db, f"{ns}fwd", n + 1)
         assert b.stop() == 0
     finally:
         if appending is not None:
@@ -319,7 +345,6 @@ async def test_the_forwarder_logs_a_summary_every_few_seconds_not_a_line_per_chu
         running = asyncio.create_task(fwd.run())
         try:
             await append_at_rate(url, n - 100, rate=2000)
-            deadline = time.monotonic() + 30
 
             def summarised_all() -> bool:  # the summary that covers the last chunk
                 return any(
@@ -327,9 +352,11 @@ async def test_the_forwarder_logs_a_summary_every_few_seconds_not_a_line_per_chu
                     for r in caplog.records
                 )
 
-            while not summarised_all():
-                assert time.monotonic() < deadline, fwd.forwarded
-                await asyncio.sleep(0.1)
+            await until(
+                summarised_all,
+                what=f"a summary at position {n}",
+                progress=lambda: (fwd.forwarded, len(caplog.records)),
+            )
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)

@@ -4,7 +4,6 @@ waiting, and consecutive failures while the broker is unreachable."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import socket
 import time
@@ -14,6 +13,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from tests.support.waits import frozen
+from tests.support.waits import until as wait_until
 
 from .harness import create_topics
 from .test_forwarder import APP, Forwarder, append_at_rate, consume
@@ -46,15 +48,25 @@ async def metrics(url: str, token: str | None = None) -> dict[str, float]:
     return {name: float(value) for name, value in found}
 
 
-async def until(url: str, want: Any, within_s: float, token: str | None = None) -> dict[str, Any]:
-    """Polls /status until ``want(body)``; returns that body."""
-    deadline = time.monotonic() + within_s
-    while True:
-        body = await status(url, token)
-        if want(body):
-            return body
-        assert time.monotonic() < deadline, f"not reached within {within_s}s: {body}"
-        await asyncio.sleep(0.2)
+async def until(url: str, want: Any, stalled_s: float, token: str | None = None) -> dict[str, Any]:
+    """Polls /status until ``want(body)``; returns that body. Fails once the figures
+    (but the rate, which decays by itself) stood still for ``stalled_s``."""
+    body: dict[str, Any] = {}
+
+    async def reached() -> dict[str, Any] | None:
+        body.clear()
+        body.update(await status(url, token))
+        return dict(body) if want(body) else None
+
+    reached_body: dict[str, Any] = await wait_until(
+        reached,
+        what="the forwarder's figures",
+        progress=lambda: frozen({k: v for k, v in body.items() if k != "rate"}),
+        stalled_s=stalled_s,
+        poll_s=0.2,
+        detail=lambda: body,
+    )
+    return reached_body
 
 
 async def test_published_total_and_lag_behind_the_head(

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import random
 import subprocess
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -22,12 +22,15 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streamapp import Event
 from streamapp.codecs import kafka as codec
 from streamapp.partitioner import partition_for
+from tests.support.waits import frozen, until
 
 from .harness import (
     ROOT,
     WorkerProc,
+    alive,
     app_env,
     create_topics,
+    partitions_of,
     produce,
     read_table,
     streamapp_cmd,
@@ -72,17 +75,17 @@ async def wait_committed(
     group: str,
     ends: dict[int, int],
     topic: str,
-    within_s: float,
+    stalled_s: float,
     workers: list[WorkerProc],
 ) -> None:
     """Until ``group`` committed ``topic`` up to ``ends`` (per partition: after its last
     committed record; a transactional topic ends with a marker, so its lag never reaches
-    0) and no worker is in a batch."""
-    deadline = time.monotonic() + within_s
+    0) and no worker is in a batch; fails once neither moved for ``stalled_s``."""
     behind: dict[int, int] = {}
-    while time.monotonic() < deadline:
-        for w in workers:
-            assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
+    statuses: list[dict[str, Any] | None] = []
+
+    async def committed_all() -> bool:
+        alive(workers)
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
         try:
@@ -90,13 +93,20 @@ async def wait_committed(
         finally:
             await admin.close()
         done = {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
-        behind = {p: end - done.get(p, 0) for p, end in ends.items() if done.get(p, 0) < end}
-        statuses = [await w.status() for w in workers]
+        behind.clear()
+        behind.update({p: end - done.get(p, 0) for p, end in ends.items() if done.get(p, 0) < end})
+        statuses[:] = [await w.status() for w in workers]
         idle = all(s and not any(p["busy"] for p in s["partitions"].values()) for s in statuses)
-        if not behind and idle:
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"group {group} behind on {topic} after {within_s}s: {behind}")
+        return not behind and idle
+
+    await until(
+        committed_all,
+        what=f"group {group} committed {topic} to its ends",
+        progress=lambda: (frozen(behind), partitions_of(statuses)),
+        stalled_s=stalled_s,
+        poll_s=0.5,
+        detail=lambda: behind,
+    )
 
 
 async def test_per_customer_totals_exact_through_sigkill(
@@ -155,7 +165,7 @@ async def test_per_customer_totals_exact_through_sigkill(
         ends: dict[int, int] = {}
         for r in records:
             ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
-        await wait_committed(kafka_bootstrap, group, ends, repartition, 240, [w])
+        await wait_committed(kafka_bootstrap, group, ends, repartition, 90, [w])
 
         customers = sorted(expected)
         totals = await read_table([w], "totals", customers)

@@ -8,7 +8,6 @@ all its events, through kill -9 during the replay and during the handover.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 from conftest import PgUrlFactory
 
+from tests.support.waits import until
+
 from .harness import (
     StreamappProc,
     WorkerProc,
@@ -24,6 +25,7 @@ from .harness import (
     assert_exact,
     create_topics,
     order_events,
+    partitions_of,
     read_table,
     topic_size,
     wait_caught_up,
@@ -65,13 +67,8 @@ def _forwarder(kafka: str, ns: str, tmp: Path, url: str) -> StreamappProc:
     )
 
 
-async def _phases(workers: list[WorkerProc]) -> list[str]:
-    out = []
-    for w in workers:
-        status = await w.status()
-        if status:
-            out += [p["phase"] for p in status["partitions"].values()]
-    return out
+def _phases(statuses: list[dict[str, Any] | None]) -> list[str]:
+    return [p["phase"] for s in statuses if s for p in s["partitions"].values()]
 
 
 async def test_three_workers_replay_while_more_is_appended_and_forwarded(
@@ -84,22 +81,24 @@ async def test_three_workers_replay_while_more_is_appended_and_forwarded(
     workers = [_worker(kafka_bootstrap, ns, tmp_path, i, store_url).start() for i in range(3)]
     forwarder = _forwarder(kafka_bootstrap, ns, tmp_path, store_url).start()
     try:
-        seen_catching_up = False
-        deadline = time.monotonic() + 60
-        while not seen_catching_up and time.monotonic() < deadline:
-            seen_catching_up = "catching_up" in await _phases(workers)
-            await asyncio.sleep(0.05)
-        await append_to_store(store_url, events[50_000:])  # while they replay
-        assert seen_catching_up, "no worker was seen catching up"
-        # kill -9 the forwarder mid-run, then restart it: at-least-once, no gap
+        statuses: list[Any] = []
 
-        deadline = time.monotonic() + 60
-        while await topic_size(kafka_bootstrap, f"{ns}orders") < 15_000:
-            assert time.monotonic() < deadline, forwarder.log_text()[-3000:]
-            await asyncio.sleep(0.05)
+        async def catching_up() -> bool:
+            statuses[:] = [await w.status() for w in workers]
+            return "catching_up" in _phases(statuses)
+
+        await until(
+            catching_up,
+            what="a worker catching up",
+            progress=lambda: partitions_of(statuses),
+            poll_s=0.05,
+        )
+        await append_to_store(store_url, events[50_000:])  # while they replay
+        # kill -9 the forwarder mid-run, then restart it: at-least-once, no gap
+        await _wait_forwarded(kafka_bootstrap, ns, 15_000, forwarder, poll_s=0.05)
         forwarder.kill()
         forwarder = _forwarder(kafka_bootstrap, ns, tmp_path, store_url).start()
-        await wait_group_ready(workers, 8, within_s=120)
+        await wait_group_ready(workers, 8, stalled_s=120)
         await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 180, workers)
         await _wait_forwarded(kafka_bootstrap, ns, 60_000, forwarder)
         await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 180, workers)
@@ -146,7 +145,7 @@ async def test_kill_during_replay_and_during_handover_stays_exact(
         worker.kill()
         await appending
         worker = _worker(kafka_bootstrap, ns, tmp_path, 0, store_url).start()
-        await wait_group_ready([worker], 8, within_s=120)
+        await wait_group_ready([worker], 8, stalled_s=120)
         await _wait_forwarded(kafka_bootstrap, ns, 60_000, forwarder)
         await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 180, [worker])
         table = await read_table([worker], "order_status", list(expected))
@@ -185,23 +184,41 @@ async def test_restart_after_the_marker_does_not_read_the_store(
         again.kill()
 
 
-async def _wait_phase(worker: WorkerProc, seen: Any, within_s: float = 90) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+async def _wait_phase(worker: WorkerProc, seen: Any, stalled_s: float = 60) -> None:
+    """Until ``seen`` holds for the worker's partitions; fails once its /status stood
+    still for ``stalled_s``."""
+    last: list[dict[str, Any] | None] = [None]
+
+    async def check() -> bool:
         assert worker.alive, worker.log_text()[-3000:]
-        status = await worker.status()
-        if status and status["partitions"] and seen(list(status["partitions"].values())):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"phase not seen in {within_s}s:\n{worker.log_text()[-3000:]}")
+        last[0] = status = await worker.status()
+        return bool(status and status["partitions"] and seen(list(status["partitions"].values())))
+
+    await until(
+        check,
+        what="the phase looked for",
+        progress=lambda: partitions_of(last),
+        stalled_s=stalled_s,
+        poll_s=0.02,
+        detail=lambda: worker.log_text()[-3000:],
+    )
 
 
-async def _wait_forwarded(kafka: str, ns: str, n: int, forwarder: StreamappProc) -> None:
+async def _wait_forwarded(
+    kafka: str, ns: str, n: int, forwarder: StreamappProc, poll_s: float = 0.5
+) -> None:
+    """Until ``n`` events are in the orders topic; fails once it did not grow for 60 s."""
+    size = [0]
 
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    async def published() -> bool:
         assert forwarder.alive, forwarder.log_text()[-3000:]
-        if await topic_size(kafka, f"{ns}orders") >= n:
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"forwarder did not publish {n} events:\n{forwarder.log_text()[-3000:]}")
+        size[0] = await topic_size(kafka, f"{ns}orders")
+        return size[0] >= n
+
+    await until(
+        published,
+        what=f"forwarder published {n} events",
+        progress=lambda: size[0],
+        poll_s=poll_s,
+        detail=lambda: forwarder.log_text()[-3000:],
+    )

@@ -10,10 +10,8 @@ Kafka on a fresh data directory: restored from v2's changelog, as after a move).
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +25,7 @@ from streamapp import Event, Table
 from streamapp.tables.partition import spaces_for
 from streamapp.tables.store import RocksStore
 from tests.conftest import Services
+from tests.support.waits import frozen, until
 
 from .harness import (
     ROOT,
@@ -34,10 +33,9 @@ from .harness import (
     WorkerProc,
     app_env,
     append_to_store,
-    assert_exact,
     order_events,
-    read_table,
     streamapp_cmd,
+    wait_exact,
     wait_ready,
 )
 
@@ -137,15 +135,24 @@ def _part_built(lanes: dict[str, dict[str, Any]]) -> bool:
     return any(p["project_v2"] == "catching_up" and (p["v2_at"] or 1) > 1 for p in lanes.values())
 
 
-async def _wait_lanes(worker: WorkerProc, check: Any, within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+async def _wait_lanes(worker: WorkerProc, check: Any, stalled_s: float, what: str) -> None:
+    """Until ``check`` holds for the worker's lanes; fails once they (phases, v2's store
+    position) stood still for ``stalled_s``."""
+    lanes: dict[str, Any] = {}
+
+    async def seen() -> bool:
         assert worker.alive, worker.log_text()[-3000:]
-        lanes = await _lanes(worker)
-        if lanes and check(lanes):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what}: {await _lanes(worker)}\n{worker.log_text()[-3000:]}")
+        lanes.clear()
+        lanes.update(await _lanes(worker))
+        return bool(lanes and check(lanes))
+
+    await until(
+        seen,
+        what=what,
+        progress=lambda: frozen(lanes),
+        stalled_s=stalled_s,
+        detail=lambda: f"{lanes}\n{worker.log_text()[-3000:]}",
+    )
 
 
 def _building(lanes: dict[str, dict[str, Any]]) -> bool:
@@ -156,19 +163,6 @@ def _all_live(lanes: dict[str, dict[str, Any]]) -> bool:
     return len(lanes) == 4 and all(
         {p["task"], p["project"], p["project_v2"]} == {"live"} for p in lanes.values()
     )
-
-
-async def _v1_exact(worker: WorkerProc, expected: dict[str, tuple[int, str]], s: float) -> None:
-    deadline = time.monotonic() + s
-    while True:
-        table = await read_table([worker], "order_status", list(expected))
-        try:
-            assert_exact(table, expected)
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 async def test_v2_builds_beside_live_v1_and_resumes_after_kill(
@@ -199,19 +193,19 @@ async def test_v2_builds_beside_live_v1_and_resumes_after_kill(
     with _forwarder(broker, services, ns, tmp_path, v1_env):
         first = worker(v1_env).start()
         try:  # v1 alone, live and exact
-            await wait_ready(first, within_s=90)
-            await _v1_exact(first, _expected(events), 60)
+            await wait_ready(first, stalled_s=90)
+            await wait_exact([first], _expected(events))
         finally:
             assert first.stop() == 0, first.log_text()[-3000:]
 
         second = worker(v2_env).start()
         try:
-            await _wait_lanes(second, _building, 90, "v2 never seen building beside live v1")
+            await _wait_lanes(second, _building, 60, "v2 seen building beside live v1")
             await append_to_store(url, late)  # live for v1 while v2 replays
-            await _v1_exact(second, _expected(events + late), 60)
+            await wait_exact([second], _expected(events + late))
             lanes = await _lanes(second)
             assert _building(lanes), f"v2 was done before v1 took the live events: {lanes}"
-            await _wait_lanes(second, _part_built, 60, "no part of v2's replay committed")
+            await _wait_lanes(second, _part_built, 60, "a part of v2's replay committed")
             second.kill()  # kill -9 while v2 builds, some of it committed
         finally:
             if second.alive:
@@ -221,8 +215,8 @@ async def test_v2_builds_beside_live_v1_and_resumes_after_kill(
         await append_to_store(url, more)
         third = worker(v2_env, moved).start()
         try:
-            await _wait_lanes(third, _all_live, 180, "v2 never went live")
-            await _v1_exact(third, _expected(events + late + more), 60)
+            await _wait_lanes(third, _all_live, 60, "v2 live")
+            await wait_exact([third], _expected(events + late + more))
         finally:
             assert third.stop() == 0, third.log_text()[-3000:]
     resumed = third.log_text()
@@ -262,8 +256,8 @@ async def test_a_new_table_without_history_is_built_from_a_topic_that_keeps_ever
     with _forwarder("kafka", services, ns, tmp_path, v1_env):
         first = worker(v1_env).start()
         try:
-            await wait_ready(first, within_s=90)
-            await _v1_exact(first, _expected(events), 60)
+            await wait_ready(first, stalled_s=90)
+            await wait_exact([first], _expected(events))
         finally:
             assert first.stop() == 0, first.log_text()[-3000:]
 
@@ -282,8 +276,8 @@ async def test_a_new_table_without_history_is_built_from_a_topic_that_keeps_ever
         await _keep_everything(services.kafka, f"{ns}build-orders")
         second = worker(v2_env).start()
         try:
-            await _wait_lanes(second, _all_live, 240, "v2 never went live")
-            await _v1_exact(second, _expected(events), 60)
+            await _wait_lanes(second, _all_live, 60, "v2 live")
+            await wait_exact([second], _expected(events))
         finally:
             assert second.stop() == 0, second.log_text()[-3000:]
     assert _v2_stores(tmp_path / "data", ns) == _fold(events)

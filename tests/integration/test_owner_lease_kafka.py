@@ -78,7 +78,7 @@ async def test_a_worker_cut_off_from_kafka_stops_answering_as_owner_and_fences_n
     try:
         for w in workers:
             w.start()
-        await wait_group_ready(workers, 8, within_s=120)
+        await wait_group_ready(workers, 8, stalled_s=120)
         producing = asyncio.create_task(produce(kafka_bootstrap, f"{ns}orders", events, rate=RATE))
         reader = asyncio.create_task(read_rounds(workers, keys, reads))
         while reads.answers < 3 * len(keys):  # a few rounds under load, all answering
@@ -103,14 +103,14 @@ async def test_a_worker_cut_off_from_kafka_stops_answering_as_owner_and_fences_n
         phases = {p["phase"] for p in status_body["partitions"].values()}
         assert phases <= {"unconfirmed"}, status_body["partitions"]
         # the group moves the cut-off worker's partitions to the two others
-        await wait_group_ready(others, 8, within_s=CUT_S)
+        await wait_group_ready(others, 8, stalled_s=CUT_S)
         moved_after = time.monotonic() - cut_at
         await asyncio.sleep(max(CUT_S - moved_after, 0.0))
         healed_at = len(others[0].log_text()), len(others[1].log_text())
         await iptables("-D", cut_gid)
         rule_added = False
 
-        await wait_group_ready(workers, 8, within_s=120)  # it rejoined the group
+        await wait_group_ready(workers, 8, stalled_s=120)  # it rejoined the group
         await producing
         await wait_caught_up(kafka_bootstrap, ns + "orders", ns + "orders", 120, workers)
         reads.stop = True

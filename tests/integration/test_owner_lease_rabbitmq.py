@@ -86,7 +86,7 @@ async def test_a_member_cut_off_from_rabbitmq_claims_nothing_and_stops_answering
     try:
         for w in workers:
             w.start()
-        await wait_group_ready(workers, 8, within_s=120)
+        await wait_group_ready(workers, 8, stalled_s=120)
         appending = asyncio.create_task(_append(store, events[first:], appended))
         reader = asyncio.create_task(read_rounds(workers, keys, reads))
         while reads.answers < 3 * len(keys):  # a few rounds under load, all answering
@@ -113,7 +113,7 @@ async def test_a_member_cut_off_from_rabbitmq_claims_nothing_and_stops_answering
         await iptables("-D", cut_gid, AMQP_PORT)
         rule_added = False
 
-        await wait_group_ready(workers, 8, within_s=120)
+        await wait_group_ready(workers, 8, stalled_s=120)
         await appended.wait()
         await _drained(services.amqp, ns, store, len(events), 180)
         reads.stop = True

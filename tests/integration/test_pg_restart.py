@@ -137,7 +137,6 @@ def _dense(rows: list[Any]) -> dict[str, int]:
 # --- (a) appends --------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(300)
 async def test_appends_ride_out_a_restart(pg: tuple[str, Outage], tmp_path: Path) -> None:
     """`streamapp store append` and four API appenders (with expected versions) run through
     a restart: every event is stored once, no appender fails or restarts."""
@@ -316,7 +315,6 @@ async def _positions(bootstrap: str, topic: str, want: int, within_s: float) -> 
     return seen
 
 
-@pytest.mark.timeout(300)
 async def test_two_forwarders_through_a_restart_publish_every_position_one_at_a_time(
     kafka_bootstrap: str, pg: tuple[str, Outage], tmp_path: Path
 ) -> None:
@@ -393,7 +391,6 @@ def _assert_one_publisher(logs: list[str]) -> None:
             assert any(s <= at <= (e or far) for s, e in spans), f"published at {at} unheld"
 
 
-@pytest.mark.timeout(300)
 async def test_a_forwarder_whose_lock_session_is_killed_stops_before_the_other_publishes(
     kafka_bootstrap: str, pg_url_factory: PgUrlFactory, tmp_path: Path
 ) -> None:
@@ -477,7 +474,6 @@ async def _phases(worker: WorkerProc) -> list[dict[str, Any]]:
     return list(status["partitions"].values()) if status else []
 
 
-@pytest.mark.timeout(400)
 async def test_a_kafka_worker_catching_up_from_postgres_rides_out_a_restart(
     kafka_bootstrap: str, pg: tuple[str, Outage], tmp_path: Path
 ) -> None:
@@ -504,7 +500,7 @@ async def test_a_kafka_worker_catching_up_from_postgres_rides_out_a_restart(
         assert phases & {"restoring", "catching_up"}, f"caught up before the outage: {phases}"
         await asyncio.sleep(DOWN_S)
         await outage.up()
-        await wait_group_ready([worker], 8, within_s=120)
+        await wait_group_ready([worker], 8, stalled_s=120)
         outage.since_up("all partitions live")
         table = await read_table([worker], "order_status", list(expected))
         assert_exact(table, expected)
@@ -521,7 +517,6 @@ async def test_a_kafka_worker_catching_up_from_postgres_rides_out_a_restart(
 # --- (d) a RabbitMQ partition move --------------------------------------------------------
 
 
-@pytest.mark.timeout(600)
 async def test_a_rabbitmq_partition_moved_while_postgres_is_down_replays_once_it_is_back(
     services: Services, pg: tuple[str, Outage], tmp_path: Path
 ) -> None:
@@ -548,7 +543,7 @@ async def test_a_rabbitmq_partition_moved_while_postgres_is_down_replays_once_it
     try:
         for w in workers:
             w.start()
-        await wait_group_ready(workers, 8, within_s=120)
+        await wait_group_ready(workers, 8, stalled_s=120)
         mine = set((await wait_ready(workers[0]))["partitions"])
         await outage.down()
         assert workers[1].stop() == 0  # leaves: its partitions move to w1
@@ -586,7 +581,6 @@ async def test_a_rabbitmq_partition_moved_while_postgres_is_down_replays_once_it
 # --- the store-only worker's lock ---------------------------------------------------------
 
 
-@pytest.mark.timeout(300)
 async def test_a_store_only_worker_keeps_following_and_its_lock_through_a_restart(
     pg: tuple[str, Outage], tmp_path: Path
 ) -> None:
@@ -623,7 +617,6 @@ async def test_a_store_only_worker_keeps_following_and_its_lock_through_a_restar
     assert "connection lost during holding the worker lock" in log, log[-3000:]
 
 
-@pytest.mark.timeout(300)
 async def test_a_store_only_worker_whose_lock_was_taken_over_stops(
     pg_url_factory: PgUrlFactory, tmp_path: Path
 ) -> None:

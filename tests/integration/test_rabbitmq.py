@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import pytest
@@ -22,6 +23,7 @@ from streamapp.rabbitmq.sink import RabbitSink
 from streamapp.rabbitmq.topology import create_topology
 from streamapp.records import Message
 from tests.conftest import Services
+from tests.support.waits import frozen, until
 
 from .harness import (
     ROOT,
@@ -30,10 +32,10 @@ from .harness import (
     WorkerProc,
     app_env,
     append_to_store,
-    assert_exact,
     order_events,
-    read_table,
+    partitions_of,
     streamapp_cmd,
+    wait_exact,
     wait_ready,
 )
 
@@ -219,22 +221,30 @@ async def test_publish_many_5000_arrive_complete_in_order_per_key(
 # --- the orders app end to end ----------------------------------------------------------
 
 
-async def wait_drained(amqp: str, ns: str, worker: WorkerProc, within_s: float) -> None:
+async def wait_drained(amqp: str, ns: str, worker: WorkerProc, stalled_s: float = 60) -> None:
     """Until every partition queue of the orders topic has no ready message and the
     worker's partitions are idle, twice in a row: a ready count of 0 alone says nothing
-    of the messages the broker pushed to the worker (prefetch) and it has not acked."""
-    deadline = time.monotonic() + within_s
-    quiet = 0
-    while time.monotonic() < deadline:
+    of the messages the broker pushed to the worker (prefetch) and it has not acked.
+    Fails once neither the ready count nor the worker's partitions moved for ``stalled_s``."""
+    seen: dict[str, Any] = {"quiet": 0, "ready": -1, "status": None}
+
+    async def drained() -> bool:
         assert worker.alive, f"worker died:\n{worker.log_text()[-3000:]}"
         status = await worker.status()
         idle = status is not None and not any(p["busy"] for p in status["partitions"].values())
         ready = sum([await depth(amqp, f"{ns}orders.{p}") for p in range(8)])
-        quiet = quiet + 1 if idle and ready == 0 else 0
-        if quiet >= 2:
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"queues not drained after {within_s}s:\n{worker.log_text()[-3000:]}")
+        seen.update(ready=ready, status=status)
+        seen["quiet"] = seen["quiet"] + 1 if idle and not ready else 0
+        return bool(seen["quiet"] >= 2)
+
+    await until(
+        drained,
+        what=f"the queues of {ns}orders drained",
+        progress=lambda: (seen["ready"], partitions_of([seen["status"]])),
+        stalled_s=stalled_s,
+        poll_s=0.5,
+        detail=lambda: worker.log_text()[-3000:],
+    )
 
 
 async def test_orders_app_on_rabbitmq_exact_after_kill_and_restart(
@@ -269,21 +279,15 @@ async def test_orders_app_on_rabbitmq_exact_after_kill_and_restart(
         w = worker()
         await appending
         await wait_ready(w)
-        deadline = time.monotonic() + 60  # drained means nothing: the forwarder is done first
-        while "..6000" not in forwarder.log_text():  # its first line or a summary
-            assert time.monotonic() < deadline, forwarder.log_text()[-2000:]
-            await asyncio.sleep(0.2)
-        await wait_drained(amqp, ns, w, 90)
-        deadline = time.monotonic() + 60
-        while True:
-            table = await read_table([w], "order_status", sorted(expected))
-            try:
-                assert_exact(table, expected)
-                break
-            except AssertionError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+        await until(  # drained means nothing: the forwarder is done first
+            lambda: "..6000" in forwarder.log_text(),  # its first line or a summary
+            what="the forwarder at position 6000",
+            progress=lambda: len(forwarder.log_text()),
+            poll_s=0.2,
+            detail=lambda: forwarder.log_text()[-2000:],
+        )
+        await wait_drained(amqp, ns, w)
+        await wait_exact([w], expected)
         assert w.stop() == 0
         assert sum([await depth(amqp, f"{ns}orders.{p}") for p in range(8)]) == 0  # all acked
         assert "Traceback" not in w.log_text()
@@ -351,21 +355,25 @@ async def test_reconnect_redelivers_in_flight_deliveries_and_state_applies_once(
         for v in range(60):
             for k in keys:
                 await h.send(ev(k, names[k][v], version=v + 1))
-        async with asyncio.timeout(30):
-            while sum(h.calls.values()) < 30:  # noqa: ASYNC110 (polling a counter)
-                await asyncio.sleep(0.01)
+
+        def calls() -> int:
+            return sum(h.calls.values())
+
+        await until(lambda: calls() >= 30, what="30 calls", progress=calls, poll_s=0.01)
         proxy.cut()  # deliveries in hand and in flight die with the channel
-        deadline = time.monotonic() + 60
-        while True:
-            tables = {k: await h.table("log", k) for k in keys}
-            if all(t and t["n"] == 60 for t in tables.values()):
-                break
-            assert time.monotonic() < deadline, tables
-            await asyncio.sleep(0.2)
+        tables: dict[str, Any] = {}
+
+        async def all_applied() -> bool:
+            tables.update({k: await h.table("log", k) for k in keys})
+            return all(t and t["n"] == 60 for t in tables.values())
+
+        await until(
+            all_applied, what="60 applied on every key", progress=lambda: frozen(tables), poll_s=0.2
+        )
         assert tables == {k: logged(*names[k]) for k in keys}  # once each, in order
-        async with asyncio.timeout(30):  # the robust client reconnects (after ~5 s)
-            while h.redelivered() == 0:  # noqa: ASYNC110 (polling a counter)
-                await asyncio.sleep(0.1)
+        await until(  # the robust client reconnects (after ~5 s)
+            lambda: h.redelivered() > 0, what="a redelivery", stalled_s=30
+        )
         assert await h.settle(30)  # the redelivered ones are acked on the new channel
         assert {k: await h.table("log", k) for k in keys} == tables  # and applied once
         await h.stop()

@@ -28,7 +28,6 @@ SESSION_TIMEOUT_MS = 2000
 HOLDS = re.compile(r"member (\S+) of (\d+) holds (.*?) \(waiting for")
 
 
-@pytest.mark.timeout(300)
 async def test_a_member_waking_from_a_freeze_hears_the_others_before_it_claims(
     services: Services, tmp_path: Path
 ) -> None:
@@ -61,12 +60,12 @@ async def test_a_member_waking_from_a_freeze_hears_the_others_before_it_claims(
         assert frozen.proc is not None
         frozen.proc.send_signal(signal.SIGSTOP)
         try:  # the others see it gone and take its partitions (it stays the active
-            await wait_group_ready(others, 8, within_s=60)  # consumer of their queues)
+            await wait_group_ready(others, 8, stalled_s=60)  # consumer of their queues)
         finally:
             woke_at = len(frozen.log_text())
             frozen.proc.send_signal(signal.SIGCONT)
         await append_to_store(store, later)
-        await wait_group_ready(workers, 8, within_s=90)
+        await wait_group_ready(workers, 8, stalled_s=90)
         await _drained(services.amqp, ns, store, len(events), 120)
         await _read_exact(workers, expected)
 

@@ -25,15 +25,15 @@ from streamapp.rabbitmq.topology import create_topology
 from streamapp.worker import Worker
 from tests.conftest import Services
 from tests.support.services import restart
+from tests.support.waits import until as until_progress
 
 from .harness import (
     StreamappProc,
     WorkerProc,
     append_to_store,
-    assert_exact,
     order_events,
     processed,
-    read_table,
+    wait_exact,
     wait_group_ready,
     wait_ready,
     wait_statuses,
@@ -361,32 +361,39 @@ async def _forwarded(store: str, name: str) -> int:
         await es.close()
 
 
-async def _drained(amqp: str, ns: str, store: str, total: int, within_s: float) -> None:
-    """Until the forwarder published all ``total`` events and the queues are empty."""
-    deadline = time.monotonic() + within_s
-    while await _forwarded(store, f"{ns}orders") <= total:
-        assert time.monotonic() < deadline, "the forwarder did not publish everything"
-        await asyncio.sleep(1.0)
-    while sum([await depth(amqp, f"{ns}orders.{p}") for p in range(8)]):
-        assert time.monotonic() < deadline, "queues not drained"
-        await asyncio.sleep(0.5)
+async def _drained(amqp: str, ns: str, store: str, total: int, stalled_s: float = 60) -> None:
+    """Until the forwarder published all ``total`` events and the queues are empty; fails
+    once the forwarder's checkpoint, then the queues' depth, stood still for ``stalled_s``."""
+    at = [0]
+
+    async def published() -> bool:
+        at[0] = await _forwarded(store, f"{ns}orders")
+        return at[0] > total
+
+    await until_progress(
+        published,
+        what=f"the forwarder past position {total}",
+        progress=lambda: at[0],
+        stalled_s=stalled_s,
+        poll_s=1.0,
+    )
+    ready = [-1]
+
+    async def drained() -> bool:
+        ready[0] = sum([await depth(amqp, f"{ns}orders.{p}") for p in range(8)])
+        return ready[0] == 0
+
+    await until_progress(
+        drained, what="the queues drained", progress=lambda: ready[0], stalled_s=stalled_s
+    )
 
 
 async def _read_exact(workers: list[WorkerProc], expected: dict[str, tuple[int, str]]) -> None:
-    deadline = time.monotonic() + 90
-    while True:
-        try:  # asked twice (local and forwarded) while events still arrive, a key may move
-            table = await read_table(workers, "order_status", sorted(expected))
-            assert_exact(table, expected)
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(1.0)
+    # asked twice (local and forwarded) while events still arrive, a key may move
+    await wait_exact(workers, expected)
 
 
 @pytest.mark.acceptance  # make acceptance: ~4 min on a loaded 2-core box, too heavy for make test
-@pytest.mark.timeout(720)  # the forwarder's pace bounds it
 async def test_orders_100k_via_forwarder_while_workers_go_2_3_1_with_3_sigkills(
     amqp: str, tmp_path: Path
 ) -> None:
@@ -439,7 +446,7 @@ async def test_orders_100k_via_forwarder_while_workers_go_2_3_1_with_3_sigkills(
         await wait_ready(w2, 90)  # restarted and in the group
         assert w2.stop() == 0  # 2 -> 1, a clean leave
         await appending
-        await _drained(amqp, ns, store, len(evs), 400)
+        await _drained(amqp, ns, store, len(evs))
         status = await wait_ready(w1, 90)
         assert len(status["partitions"]) == 8  # the last worker owns every partition
         await _read_exact([w1], expected)
@@ -455,7 +462,6 @@ async def test_orders_100k_via_forwarder_while_workers_go_2_3_1_with_3_sigkills(
 
 
 @pytest.mark.serial  # restarts the shared RabbitMQ: scripts/test runs it alone
-@pytest.mark.timeout(600)
 async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_path: Path) -> None:
     amqp = services.amqp
     ns = f"rr{uuid.uuid4().hex[:6]}-"
@@ -493,7 +499,7 @@ async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_p
         finally:
             restart(services, "up", "rabbitmq")
         await appending
-        await _drained(amqp, ns, store, len(evs), 300)
+        await _drained(amqp, ns, store, len(evs))
         for w in workers:
             await wait_ready(w, 90)
         await _read_exact(workers, expected)
@@ -533,7 +539,7 @@ async def test_views_of_three_rabbitmq_workers_answer_every_key_from_its_owner(
     ]
     try:
         await wait_group_ready(workers, 8)
-        await _drained(amqp, ns, store, len(evs), 120)
+        await _drained(amqp, ns, store, len(evs))
         await _read_exact(workers, expected)  # one local answer per key, the other forwarded
         statuses = [await w.status() for w in workers]
         assert sorted(len(s["partitions"]) for s in statuses if s) == [2, 3, 3], statuses

@@ -50,7 +50,7 @@ async def test_rabbitmq_relay_shows_held_copies_and_retry_queue_lag(
                 f"{lag} 2.0" in text
             )
 
-        await until(one_held_one_ready, "held 1, lag 2", within_s=20)
+        await until(one_held_one_ready, "held 1, lag 2")
         assert await depth(amqp, f"{ns}in-retry.{q}") == 1  # the ready one
         url = f"http://127.0.0.1:{worker.web_port}/status"
         async with aiohttp.ClientSession() as http, http.get(url) as response:

@@ -18,7 +18,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from streamapp.rabbitmq.topology import create_topology, plans
 from streamapp.rabbitmq.wire import from_message
 from streamapp.worker import Worker
 from tests.conftest import Services
+from tests.support.waits import until as wait_until
 
 from .harness import ROOT, app_env, streamapp_cmd
 
@@ -105,11 +106,12 @@ async def depth(amqp: str, queue: str) -> int:
         await connection.close()
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, within_s: float = 30) -> None:
-    deadline = time.monotonic() + within_s
-    while not await check():
-        assert time.monotonic() < deadline, f"not {what} within {within_s:.0f}s"
-        await asyncio.sleep(0.05)
+async def until(
+    check: Callable[[], Any], what: str, progress: Callable[[], Any] | None = None
+) -> None:
+    """Until ``check`` holds; fails once ``progress`` (the handler's calls; without it,
+    nothing) stood still for 30 s."""
+    await wait_until(check, what=what, progress=progress, stalled_s=30, poll_s=0.05)
 
 
 def new_app(ns: str, tmp_path: Path, amqp: str, **settings: Any) -> App:
@@ -207,7 +209,8 @@ async def test_copies_travel_the_partition_queues_and_are_acked_once_republished
                 applied = calls["flaky"] == 3 and await table_value(worker, "sums", "s") == 7
                 return applied and await depth(amqp, f"{ns}in-dlq.{p}") == 1
 
-            await until(done, f"flaky applied on its copy, poison dead-lettered ({calls})")
+            what = f"flaky applied on its copy, poison dead-lettered ({calls})"
+            await until(done, what, lambda: sum(calls.values()))
             await until(lambda: _relayed(worker, 2), "both copies republished")
         finally:
             await worker.stop()
@@ -377,7 +380,7 @@ async def test_a_retry_copy_that_is_not_confirmed_leaves_the_original_unacked(
             async def came_again() -> bool:
                 return calls["e"] >= 6  # two rounds of three attempts: not acked
 
-            await until(came_again, "delivered again after a failed copy")
+            await until(came_again, "delivered again after a failed copy", lambda: calls["e"])
             assert metric(worker, "streamapp_retried_total", "failing") is None
             await retry_queue.bind(f"{ns}in-retry", routing_key=str(p))
             relay = worker.relay

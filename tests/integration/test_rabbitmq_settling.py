@@ -27,9 +27,8 @@ How each row is realised on RabbitMQ:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from streamapp.worker import Worker
 from tests.conftest import Services
 from tests.contract.rabbit_harness import RabbitHarness
 from tests.contract.test_agent_contract import AGENT, ev, key_on, log_app, logged
+from tests.support.waits import until
 
 from .harness import Proxy, append_to_store
 
@@ -116,20 +116,6 @@ async def read_raw(amqp: str, queue: str, n: int, *, ack: bool) -> list[Seen]:
     return seen
 
 
-async def until(
-    check: Callable[[], bool | Awaitable[bool]], what: str, within_s: float = 30
-) -> None:
-    """Poll ``check`` until true (bounded)."""
-    deadline = time.monotonic() + within_s
-    while not await _value(check()):
-        assert time.monotonic() < deadline, f"not {what} within {within_s:.0f}s"
-        await asyncio.sleep(0.05)
-
-
-async def _value(result: bool | Awaitable[bool]) -> bool:
-    return await result if inspect.isawaitable(result) else result
-
-
 def source_of(h: RabbitHarness) -> RabbitSource:
     assert h.worker is not None
     source = h.worker.source
@@ -189,7 +175,7 @@ async def test_deferred_during_catch_up_waits_on_the_broker_then_is_taken_once(
 
     await append_to_store(f"sqlite:///{tmp_path / 'events.db'}", [ev(key, "stored", version=1)])
     await h.start(log_app(h, partitions=1, fail=hold))
-    await until(lambda: h.calls["stored"] == 1, "replaying")
+    await h.until(lambda: h.calls["stored"] == 1, "replaying")
     for v in range(2, 12):
         await h.send(ev(key, f"live{v}", version=v))
     queue = queue_name(h.topic, 0)
@@ -224,8 +210,8 @@ async def test_unavailable_is_left_on_the_broker_or_goes_back_flagged_when_the_a
     for i in range(5):
         await h.send(ev(mine, f"held{i}"))
     q_mine, q_other = queue_name(h.topic, 0), queue_name(h.topic, 1)
-    await until(lambda: h.calls["held0"] == 1, "handling held0")
-    await until(lambda: _on_broker_is(services.amqp, q_mine, (0, 1)), "all delivered")
+    await h.until(lambda: h.calls["held0"] == 1, "handling held0")
+    await h.until(lambda: _on_broker_is(services.amqp, q_mine, (0, 1)), "all delivered")
     assert await on_broker(services.amqp, q_other) == (5, 0)  # nobody takes partition 1
     assert port_of(h, 0).acked == 0
 
@@ -260,7 +246,7 @@ async def test_redeliver_holds_then_requeues_at_poll_pace_flagged(
     await h.start(log_app(h, partitions=1, on_failure=policy, fail=poison, poll_timeout_ms=500))
     for name in ("a", "poison", "b"):
         await h.send(ev(key, name))
-    await until(lambda: h.calls["poison"] >= 2, "poison retried")
+    await h.until(lambda: h.calls["poison"] >= 2, "poison retried")
     before, started = h.calls["poison"], time.monotonic()
     await asyncio.sleep(3.0)
     attempts, window = h.calls["poison"] - before, time.monotonic() - started
@@ -293,7 +279,7 @@ async def test_park_publishes_the_copy_with_its_reason_before_the_original_is_ac
     await _delete_queue(services.amqp, queue_name(parking, 0))  # the park cannot be confirmed
     for name in ("a", "poison", "b"):
         await h.send(ev(key, name))
-    await until(lambda: h.calls["poison"] >= 2, "the park retried")
+    await h.until(lambda: h.calls["poison"] >= 2, "the park retried")
     assert port_of(h, 0).acked == 1  # only a
     await h.stop()
     queue = queue_name(h.topic, 0)
@@ -302,7 +288,7 @@ async def test_park_publishes_the_copy_with_its_reason_before_the_original_is_ac
     assert [(s.id, s.redelivered) for s in back] == [("poison", True), ("b", True)]
 
     await h.start(app)  # re-creates the parking queue (topics create)
-    await until(lambda: acked(h, 0) == 2, "poison parked and b applied")
+    await h.until(lambda: acked(h, 0) == 2, "poison parked and b applied")
     assert await on_broker(services.amqp, queue) == (0, 1)
     assert await on_broker(services.amqp, queue_name(parking, 0)) == (1, 0)
     (copy,) = await read_raw(services.amqp, queue_name(parking, 0), 1, ack=True)
@@ -364,7 +350,12 @@ async def test_refused_stops_the_source_and_what_it_held_goes_back_flagged(
         assert worker.source is not None
         with pytest.raises(ConfigError, match=r"declare history=FromEventStore\(\)"):
             await asyncio.wait_for(worker.source.wait(), 30)
-        await until(lambda: h.calls["held0"] == 1, "partition 0 holding")
+        await until(  # a worker of its own: the harness runs none to watch
+            lambda: h.calls["held0"] == 1,
+            what="partition 0 holding",
+            progress=lambda: sum(h.calls.values()),
+            stalled_s=30,
+        )
     finally:
         await worker.stop()  # what Worker.run does when its source fails
 
@@ -400,10 +391,10 @@ async def test_queue_deleted_under_a_running_source_fails_it_naming_the_queue(
     assert not failed.value.retriable
     port = source.ports[(h.topic, 1)]
     assert port.cancelled is failed.value
-    await until(lambda: port._channel is None, "the channel closed")
+    await h.until(lambda: port._channel is None, "the channel closed")
 
     await h.send(ev(key_on(0, 2), "after"))  # the other partition was not touched
-    await until(lambda: h.calls["after"] == 1, "partition 0 going on")
+    await h.until(lambda: h.calls["after"] == 1, "partition 0 going on")
     assert partition_for(key_on(0, 2).encode(), 2) == 0
 
 
@@ -428,7 +419,7 @@ async def test_queue_deleted_while_disconnected_fails_the_source_others_go_on(
         assert "streamapp topics create" in str(failed.value)
         # the connection came back for partition 0 (one missing queue does not hold it)
         await h.send(ev(key_on(0, 2), "after"))
-        await until(lambda: h.calls["after"] == 1, "partition 0 going on", within_s=60)
+        await h.until(lambda: h.calls["after"] == 1, "partition 0 going on", stalled_s=60)
         assert await on_broker(services.amqp, queue_name(h.topic, 0)) == (0, 1)
     finally:
         await h.stop()

@@ -18,6 +18,7 @@ from streamapp.engine.task import PartitionTask
 from streamapp.kafka.topology import create_topics as create_app_topics
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
+from tests.support.waits import until
 
 from .harness import lag
 from .test_failure_policies import _send_raw
@@ -57,12 +58,14 @@ async def _until(check: Callable[[], bool], within_s: float, what: str) -> None:
 
 
 async def _drained(bootstrap: str, group: str, topic: str) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if await lag(bootstrap, group, topic) == 0:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{topic} not drained by {group}")
+    """Until ``group`` committed all of ``topic``; fails once the lag stood still 60 s."""
+    behind = [-1]
+
+    async def drained() -> bool:
+        behind[0] = await lag(bootstrap, group, topic)
+        return behind[0] == 0
+
+    await until(drained, what=f"{topic} drained by {group}", progress=lambda: behind[0], poll_s=0.2)
 
 
 def _live(worker: Worker, n: int) -> Callable[[], bool]:

@@ -9,7 +9,6 @@ changelog, rebuilt from the event store.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import socket
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 
 from streamapp import Event
 from tests.conftest import Services
+from tests.support.waits import frozen, until
 
 from .harness import (
     ROOT,
@@ -94,20 +94,28 @@ def assert_tally(table: dict[str, Any], expected: dict[str, dict[str, int]], mod
 
 
 async def wait_tally(
-    worker: WorkerProc, expected: dict[str, dict[str, int]], mode: str, within_s: float = 90
+    worker: WorkerProc, expected: dict[str, dict[str, int]], mode: str, stalled_s: float = 60
 ) -> float:
-    """Seconds until tally is exact in ``mode`` (asserting at the deadline)."""
+    """Seconds until tally is exact in ``mode``; fails (asserting what is wrong) once its
+    values stood still for ``stalled_s``."""
     started = time.monotonic()
     keys = list(expected)
-    while True:
-        table = await read_table([worker], "tally", keys)
+    table: dict[str, Any] = {}
+
+    async def exact() -> bool:
+        table.update(await read_table([worker], "tally", keys))
         try:
             assert_tally(table, expected, mode)
-            return time.monotonic() - started
         except AssertionError:
-            if time.monotonic() - started > within_s:
-                raise
-        await asyncio.sleep(0.3)
+            return False
+        return True
+
+    try:
+        await until(exact, what=f"tally exact in {mode}", progress=lambda: frozen(table))
+    except AssertionError:
+        assert_tally(table, expected, mode)  # what is wrong
+        raise
+    return time.monotonic() - started
 
 
 async def lane_outcomes(worker: WorkerProc) -> dict[str, int]:

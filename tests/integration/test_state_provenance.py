@@ -32,10 +32,9 @@ from .harness import (
     WorkerProc,
     app_env,
     append_to_store,
-    assert_exact,
     order_events,
-    read_table,
     streamapp_cmd,
+    wait_exact,
     wait_ready,
 )
 
@@ -62,17 +61,8 @@ async def _run_until_exact(worker: WorkerProc, expected: dict[str, tuple[int, st
     """Start ``worker``, wait until its view is exact, stop it cleanly."""
     worker.start()
     try:
-        await wait_ready(worker, within_s=90)
-        deadline = time.monotonic() + 60
-        while True:
-            table = await read_table([worker], "statuses", list(expected))
-            try:
-                assert_exact(table, expected)
-                break
-            except AssertionError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.3)
+        await wait_ready(worker, stalled_s=90)
+        await wait_exact([worker], expected, "statuses")
     finally:
         assert worker.stop() == 0, worker.log_text()[-3000:]
 
@@ -283,7 +273,7 @@ async def test_kafka_partition_count_changed_is_refused(
     # The happy path: the same store and counts start live at once, with no replay.
     again = _worker(tmp_path, ns, "data", env, kafka_bootstrap).start()
     try:
-        status = await wait_ready(again, within_s=90)
+        status = await wait_ready(again, stalled_s=90)
         assert status["history"]["reads"] == 0
         assert {p["replayed"] for p in status["partitions"].values()} == {0}
         assert {p["phase"] for p in status["partitions"].values()} == {"live"}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from streamapp import Event
 from streamapp.partitioner import partition_for
 from tests.conftest import Services
 from tests.support.damage import DAMAGES, flush, open_status, partition_stores, read_statuses
+from tests.support.waits import frozen, until
 
 from .harness import (
     StreamappProc,
@@ -32,6 +32,7 @@ from .harness import (
     read_table,
     topic_size,
     wait_caught_up,
+    wait_exact,
     wait_ready,
 )
 
@@ -91,14 +92,22 @@ async def _partitions(worker: WorkerProc) -> dict[str, Any]:
     return parts
 
 
-async def _wait_rebuilt(worker: WorkerProc, names: list[str], within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        parts = await _partitions(worker)
-        if all(parts[n]["rebuilt"] >= 1 and parts[n]["phase"] == "live" for n in names):
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{names} not rebuilt and live after {within_s}s")
+async def _wait_rebuilt(worker: WorkerProc, names: list[str], stalled_s: float = 60) -> None:
+    """Until partitions ``names`` are rebuilt and live; fails once the worker's partitions
+    stood still for ``stalled_s``."""
+    parts: dict[str, Any] = {}
+
+    async def check() -> bool:
+        parts.update(await _partitions(worker))
+        return all(parts[n]["rebuilt"] >= 1 and parts[n]["phase"] == "live" for n in names)
+
+    await until(
+        check,
+        what=f"{names} rebuilt and live",
+        progress=lambda: frozen(parts),
+        stalled_s=stalled_s,
+        poll_s=0.2,
+    )
 
 
 async def _ready(worker: WorkerProc) -> int:
@@ -216,17 +225,7 @@ async def test_a_damaged_store_without_changelog_is_rebuilt_from_the_event_store
     try:
         await wait_ready(second, 120)
         await append_to_store(url, events[1_000:])  # the feed hands them to the handlers
-        deadline = time.monotonic() + 90
-        table: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            table = await read_table([second], "order_status", list(expected))
-            if all(
-                table.get(k) and (table[k]["version"], table[k]["status"]) == exp
-                for k, exp in expected.items()
-            ):
-                break
-            await asyncio.sleep(0.3)
-        assert_exact(table, expected)
+        await wait_exact([second], expected)
         parts = await _partitions(second)
         assert sum(part["rebuilt"] for part in parts.values()) >= 1, parts
         _no_failures(parts)
@@ -271,7 +270,7 @@ async def test_a_damaged_store_on_rabbitmq_is_rebuilt_from_the_event_store(
         first = worker("first.log")
         await wait_ready(first)
         await wait_drained(services.amqp, ns, first, 90)
-        await _wait_exact(first, before)
+        await wait_exact([first], before)
         assert first.stop() == 0
         stores = partition_stores(data, f"{ns}orders", AGENT)
         keys = _by_partition(list(before))
@@ -283,7 +282,7 @@ async def test_a_damaged_store_on_rabbitmq_is_rebuilt_from_the_event_store(
         second = worker("second.log")
         await wait_ready(second, 120)
         await append_to_store(url, events[2_000:])  # forwarded, then live batches read
-        await _wait_exact(second, expected)
+        await wait_exact([second], expected)
         await wait_drained(services.amqp, ns, second, 90)
         parts = await _partitions(second)
         assert sum(part["rebuilt"] for part in parts.values()) >= 1, parts
@@ -298,20 +297,6 @@ async def test_a_damaged_store_on_rabbitmq_is_rebuilt_from_the_event_store(
         forwarder.kill()
         if second is not None and second.alive:
             assert second.stop() == 0, second.log_text()[-3000:]
-
-
-async def _wait_exact(worker: WorkerProc, expected: dict[str, tuple[int, str]]) -> None:
-    deadline = time.monotonic() + 90
-    table: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        table = await read_table([worker], "order_status", list(expected))
-        if all(
-            table.get(k) and (table[k]["version"], table[k]["status"]) == exp
-            for k, exp in expected.items()
-        ):
-            return
-        await asyncio.sleep(0.3)
-    assert_exact(table, expected)
 
 
 async def test_a_damaged_store_that_no_source_can_rebuild_is_refused_and_kept(

@@ -5,9 +5,7 @@ fails naming ``transaction_timeout_s`` and nothing is committed."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 from streamapp import App, Event, Table, TableView
 from streamapp.kafka.topology import create_topics as create_app_topics
 from streamapp.worker import Worker
+from tests.support.waits import until
 
 from .harness import produce
 
@@ -51,13 +50,17 @@ async def test_a_tiny_publish_timeout_does_not_bound_the_transaction(
         await produce(
             kafka_bootstrap, topic, [Event.create("t", stream_id="s", id=f"e{i}") for i in range(3)]
         )
-        deadline = time.monotonic() + 20
-        while True:
-            (task,) = worker.source.assignment.tasks.values()
-            if task.tables is not None and task.tables.views[0].get("s") == 3:
-                break
-            assert time.monotonic() < deadline, "not committed within 20 s"
-            await asyncio.sleep(0.1)
+
+        def committed() -> bool:
+            tasks = list(worker.source.assignment.tasks.values())
+            return any(t.tables is not None and t.tables.views[0].get("s") == 3 for t in tasks)
+
+        await until(
+            committed,
+            what="3 committed",
+            progress=lambda: repr([t.status() for t in worker.source.assignment.tasks.values()]),
+            stalled_s=30,
+        )
     finally:
         await worker.stop()
 
@@ -72,13 +75,15 @@ async def test_the_transaction_fails_past_transaction_timeout_s(
     try:
         await worker.start()
         await produce(kafka_bootstrap, topic, [Event.create("t", stream_id="s", id="e")])
-        deadline = time.monotonic() + 20
-        while not any(
-            "(setting transaction_timeout_s)" in r.getMessage()
-            for r in caplog.records
-            if r.levelno >= logging.WARNING
-        ):
-            assert time.monotonic() < deadline, "no failure naming transaction_timeout_s"
-            await asyncio.sleep(0.1)
+        await until(
+            lambda: any(
+                "(setting transaction_timeout_s)" in r.getMessage()
+                for r in caplog.records
+                if r.levelno >= logging.WARNING
+            ),
+            what="a failure naming transaction_timeout_s",
+            progress=lambda: len(caplog.records),
+            stalled_s=30,
+        )
     finally:
         await worker.stop()

@@ -5,14 +5,14 @@ once v2 is live on every partition the worker switches to it."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+
+from tests.support.waits import frozen, until
 
 from .harness import WorkerProc, append_to_store, order_events, wait_ready
 from .test_views_versions import HEADER, _ask, _settled, _tables
@@ -41,17 +41,18 @@ async def test_v1_answers_while_v2_builds_then_the_switch(tmp_path: Path) -> Non
         w = worker(BUILD_V2="1", BUILD_V2_SLEEP_S="0.01").start()  # v2: ~20 s of replay
         async with aiohttp.ClientSession() as http:
             saw_building = saw_503 = False
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
+            versions: dict[int, Any] = {}
+
+            async def active() -> bool:
+                nonlocal saw_building, saw_503, versions
                 assert w.alive, w.log_text()[-3000:]
                 try:
                     versions = await _tables(http, w)
                 except (aiohttp.ClientError, ValueError):
-                    await asyncio.sleep(0.1)
-                    continue
+                    return False
                 v2 = versions.get(2)
                 if v2 is not None and v2["state"] == "active":
-                    break
+                    return True
                 if v2 is not None and v2["state"] == "building" and v2["progress"]:
                     saw_building = True
                     assert v2["live"] < 4
@@ -72,9 +73,15 @@ async def test_v1_answers_while_v2_builds_then_the_switch(tmp_path: Path) -> Non
                             saw_503 = True
                         else:
                             assert code == 200, (key, code, body)
-                await asyncio.sleep(0.2)
-            else:
-                raise AssertionError(f"v2 never active: {versions}\n{w.log_text()[-3000:]}")
+                return False
+
+            await until(  # while v2 builds, its progress moves
+                active,
+                what="v2 active",
+                progress=lambda: frozen(versions.get(2)),
+                poll_s=0.2,
+                detail=lambda: f"{versions}\n{w.log_text()[-3000:]}",
+            )
             assert saw_building
             assert saw_503
             for key, (count, status) in expected.items():

@@ -3,14 +3,14 @@ what was sent, the bearer token enforced and kept out of logs."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.waits import frozen, until
 
 from .harness import WorkerProc, create_topics, order_events, produce, wait_caught_up
 
@@ -54,9 +54,9 @@ async def test_readyz_503_while_restoring_then_200_and_metrics_count_events(
     b = WorkerProc(kafka_bootstrap, ns, tmp_path / "b", tmp_path / "b.log").start()
     try:
         seen: list[tuple[int, dict[str, str]]] = []
-        deadline = time.monotonic() + 90
         async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
+
+            async def ready() -> bool:
                 assert b.alive, b.log_text()[-3000:]
                 try:
                     async with http.get(f"http://127.0.0.1:{b.port}/readyz") as r:
@@ -64,11 +64,16 @@ async def test_readyz_503_while_restoring_then_200_and_metrics_count_events(
                         seen.append((r.status, body["not_live"]))
                         if r.status == 503:
                             assert r.headers["Retry-After"]
-                        if r.status == 200:
-                            break
+                        return r.status == 200
                 except aiohttp.ClientConnectionError:
-                    pass  # not serving yet
-                await asyncio.sleep(0.01)
+                    return False  # not serving yet
+
+            await until(  # while it restores, the partitions not live change
+                ready,
+                what="the restoring worker ready",
+                progress=lambda: (len(b.log_text()), frozen(seen[-1:])),
+                poll_s=0.01,
+            )
             assert seen
             assert seen[-1][0] == 200, seen[-5:]
             assert any(s == 503 and "restoring" in nl.values() for s, nl in seen), seen[:20]
@@ -97,17 +102,21 @@ async def test_token_enforced_and_absent_from_logs(kafka_bootstrap: str, tmp_pat
         base = f"http://127.0.0.1:{w.port}"
         good = {"Authorization": f"Bearer {token}"}
         async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + 60
-            while True:
+
+            async def healthy() -> bool:
                 assert w.alive, w.log_text()[-3000:]
                 try:
                     async with http.get(f"{base}/healthz") as r:
-                        if r.status == 200:
-                            break
+                        return r.status == 200
                 except aiohttp.ClientConnectionError:
-                    pass
-                assert time.monotonic() < deadline, "worker never served /healthz"
-                await asyncio.sleep(0.2)
+                    return False
+
+            await until(
+                healthy,
+                what="/healthz served",
+                progress=lambda: len(w.log_text()),
+                poll_s=0.2,
+            )
             for path in ("/readyz", "/status", "/metrics", "/tables", "/tables/order_status/x"):
                 async with http.get(base + path) as r:
                     assert r.status == 401, path

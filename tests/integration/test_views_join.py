@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from streamapp import Event
+from tests.support.waits import until
 
 from .harness import (
     STATUSES,
@@ -53,12 +54,21 @@ def late_orders(n_orders: int, n_events: int) -> tuple[list[Event], dict[str, tu
     return events, expected
 
 
-async def wait_answers(w: WorkerProc, within_s: float = 60.0) -> None:
-    deadline = time.monotonic() + within_s
-    while await w.status() is None:
+async def wait_answers(w: WorkerProc, stalled_s: float = 60.0) -> None:
+    """Until the worker answers /status; fails once its log did not grow for ``stalled_s``."""
+
+    async def answers() -> bool:
         assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no answer after {within_s}s:\n{w.log_text()[-3000:]}"
-        await asyncio.sleep(0.2)
+        return await w.status() is not None
+
+    await until(
+        answers,
+        what=f"worker on port {w.port} answering",
+        progress=lambda: len(w.log_text()),
+        stalled_s=stalled_s,
+        poll_s=0.2,
+        detail=lambda: w.log_text()[-3000:],
+    )
 
 
 async def test_lookups_stay_exact_while_a_worker_joins(

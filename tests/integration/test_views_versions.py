@@ -6,7 +6,6 @@ once the old worker is gone and v2 is live on every partition, the switch."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import aiohttp
 import pytest
 
 from streamapp import Event
+from tests.support.waits import frozen, until
 
 from .harness import WorkerProc, append_to_store, create_topics, wait_caught_up, wait_group_ready
 
@@ -127,14 +127,19 @@ async def test_no_switch_while_old_code_owns_partitions_then_the_switch(
             await wait_group_ready([new], 4)
             # ready is not switched: while v2 builds the moved partitions, views answer
             # exact v1 (the model); v2 once GET /tables says it is active
-            deadline = time.monotonic() + 60
-            while (await _tables(http, new))[2]["state"] != "active":
+            v2: list[Any] = [None]
+
+            async def active() -> bool:
+                v2[0] = (await _tables(http, new))[2]
+                if v2[0]["state"] == "active":
+                    return True
                 for key in keys[:5]:
                     body, headers = await _settled(http, new, key)
                     by = {"1": 1, "2": 2}[headers[HEADER]]
                     assert body == {"status": expected[key], "by": by}, key
-                assert time.monotonic() < deadline, "v2 not active within 60s"
-                await asyncio.sleep(0.2)
+                return False
+
+            await until(active, what="v2 active", progress=lambda: frozen(v2[0]), poll_s=0.2)
             for key in keys:
                 body, headers = await _settled(http, new, key)
                 assert (body, headers[HEADER]) == ({"status": expected[key], "by": 2}, "2"), key

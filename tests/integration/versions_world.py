@@ -43,6 +43,7 @@ import orjson
 from streamapp import Event
 from tests.apps.versions_app import PARTITIONS, TABLE
 from tests.support.versions_model import FoldModel
+from tests.support.waits import frozen, until
 
 from .harness import (
     ROOT,
@@ -234,6 +235,17 @@ class Reader:
     def answered(self, worker: int, status: int, version: int | None) -> int:
         return self.counts[(worker, status, version)]
 
+    def asked(self) -> int:
+        """Requests that came back so far (answers, and failures to reach a worker)."""
+        return sum(self.counts.values()) + sum(self.unreachable.values())
+
+    def done(self) -> bool:
+        """Whether its task ended (raises the task's exception, if any)."""
+        if self._task is None or not self._task.done():
+            return False
+        self._task.result()
+        return True
+
     async def _run(self) -> None:
         sem = asyncio.Semaphore(self.concurrency)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
@@ -349,25 +361,42 @@ async def wait_state(
     workers: list[WorkerProc],
     version: int,
     states: set[str],
-    within_s: float = 300.0,
+    stalled_s: float = 180.0,
     reader: Reader | None = None,
 ) -> WorkerProc:
     """Until some worker's ``GET /tables`` shows order_status vN in one of ``states``
-    (failing early when ``reader`` saw a wrong answer meanwhile)."""
-    deadline = time.monotonic() + within_s
+    (failing early when ``reader`` saw a wrong answer meanwhile); fails once no worker's
+    entry for vN (state, live partitions, build progress) changed for ``stalled_s``."""
     last: list[Any] = []
-    while time.monotonic() < deadline:
+
+    async def check() -> WorkerProc | None:
         if reader is not None:
             await reader.checked()
-        last = []
+        last[:] = []
         for w in workers:
             assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
             entry = version_state(await tables_of(w), version)
             last.append(entry)
             if entry is not None and entry.get("state") in states:
                 return w
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"order_status v{version} not {states} within {within_s}s: {last}")
+        return None
+
+    found: WorkerProc = await until(
+        check,
+        what=f"order_status v{version} {sorted(states)} on a worker",
+        progress=lambda: frozen([_without_head(e) for e in last]),
+        stalled_s=stalled_s,
+        poll_s=0.2,
+        detail=lambda: last,
+    )
+    return found
+
+
+def _without_head(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A version's entry without the store's head (it moves with the live load alone)."""
+    if entry is None or not isinstance(entry.get("progress"), dict):
+        return entry
+    return {**entry, "progress": {k: v for k, v in entry["progress"].items() if k != "head"}}
 
 
 async def roll(
@@ -375,13 +404,14 @@ async def roll(
     variant: str,
     reader: Reader | None = None,
     *,
-    ready_s: float = 180.0,
+    ready_s: float = 120.0,
     started: Any = None,
 ) -> None:
     """A rolling deploy: each worker in turn stopped (SIGTERM), started with ``variant``
     and waited for (ready). ``reader.allow()`` is called as the last worker of the old
     code stops; ``started(i)`` (a coroutine function) runs once worker i is started,
-    before it is ready (it catches up meanwhile)."""
+    before it is ready (it catches up meanwhile). ``ready_s``: how long a worker's /status
+    may stand still before it is ready."""
     for i, w in enumerate(workers):
         if reader is not None and i == len(workers) - 1:
             reader.allow()
@@ -414,10 +444,12 @@ async def converged(
     key's head (the load has stopped). Waits while the answers advance (the forwarder
     and the workers work off their lag); fails once they stood still for ``stalled_s``."""
     query = "?meta=1" + (f"&version={version}" if pin else "")
-    progress, moved = -1, time.monotonic()
+    behind: list[Any] = []
+    applied = [0]  # the stream versions answered, summed: what the workers worked off
     async with aiohttp.ClientSession() as http:
-        while True:
-            behind, applied = [], 0
+
+        async def check() -> bool:
+            behind[:], applied[0] = [], 0
             for key in reader.model.streams():
                 head = reader.model.head(key)
                 for i, w in enumerate(reader.workers):
@@ -426,18 +458,19 @@ async def converged(
                         raw = r.headers.get(VERSION_HEADER)
                         body = await r.json() if r.status == 200 else None
                     value = None if body is None else body.get("value")
-                    applied += value.get("n", 0) if isinstance(value, dict) else 0
+                    applied[0] += value.get("n", 0) if isinstance(value, dict) else 0
                     if raw != str(version) or value != reader.model.value(version, key, head):
                         behind.append((i, key, r.status, raw, value, head))
-            if not behind:
-                return
-            if applied > progress:
-                progress, moved = applied, time.monotonic()
-            assert time.monotonic() - moved < stalled_s, (
-                f"{len(behind)} answers not v{version} at the head, none advanced for "
-                f"{stalled_s:.0f}s: {behind[:5]}"
-            )
-            await asyncio.sleep(1.0)
+            return not behind
+
+        await until(
+            check,
+            what=f"every answer v{version} at the key's head",
+            progress=lambda: applied[0],
+            stalled_s=stalled_s,
+            poll_s=1.0,
+            detail=lambda: f"{len(behind)} answers behind, e.g. {behind[:5]}",
+        )
 
 
 def topics_create(w: WorkerProc, variant: str) -> str:
@@ -456,57 +489,83 @@ def topics_create(w: WorkerProc, variant: str) -> str:
     return run.stdout
 
 
-async def lane_phases(w: WorkerProc, agent: str) -> list[str]:
-    """The phase of ``agent``'s lane in each partition ``w`` owns (its /status)."""
+async def wait_lane(
+    w: WorkerProc, agent: str, phase: str, stalled_s: float = 120.0, poll_s: float = 0.05
+) -> None:
+    """Until some lane of ``agent`` on ``w`` is in ``phase``; fails once those lanes (their
+    phases and positions, none while the worker starts) stood still for ``stalled_s``."""
+    seen: list[Any] = []
+
+    async def check() -> bool:
+        assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
+        seen[:] = await lanes_of(w, agent)
+        return any(lane.get("phase") == phase for lane in seen)
+
+    await until(
+        check,
+        what=f"a {agent} lane {phase} on port {w.port}",
+        progress=lambda: frozen(seen),
+        stalled_s=stalled_s,
+        poll_s=poll_s,
+        detail=lambda: seen,
+    )
+
+
+async def lanes_of(w: WorkerProc, agent: str) -> list[dict[str, Any]]:
+    """The status of ``agent``'s lane in each partition ``w`` owns (its /status)."""
     status = await w.status()
     if status is None:
         return []
     return [
-        str(lane.get("phase"))
+        lane
         for p in status["partitions"].values()
         for name, lane in (p.get("agents") or {}).items()
         if name == agent
     ]
 
 
-async def wait_lane(
-    w: WorkerProc, agent: str, phase: str, within_s: float = 180.0, poll_s: float = 0.05
-) -> None:
-    """Until some lane of ``agent`` on ``w`` is in ``phase``."""
-    deadline = time.monotonic() + within_s
-    while phase not in await lane_phases(w, agent):
-        assert w.alive, f"worker died:\n{w.log_text()[-3000:]}"
-        assert time.monotonic() < deadline, (
-            f"no {agent} lane {phase} on port {w.port} within {within_s}s: "
-            f"{await lane_phases(w, agent)}"
-        )
-        await asyncio.sleep(poll_s)
+async def wait_switched(reader: Reader, stalled_s: float = 180.0) -> None:
+    """Until every worker has answered v2 to the reader; fails once neither the workers
+    switched nor any worker's entry for v2 (state, live partitions, build progress)
+    changed for ``stalled_s``."""
+    entries: list[Any] = []
 
-
-async def wait_switched(reader: Reader, within_s: float = 300.0) -> None:
-    """Until every worker has answered v2 to the reader."""
-    deadline = time.monotonic() + within_s
-    while len(reader.switched_at) < len(reader.workers):
+    async def check() -> bool:
         await reader.checked()
-        assert time.monotonic() < deadline, (
-            f"workers {sorted(reader.switched_at)} switched to v2 within {within_s}s, not all: "
-            f"{dict(reader.counts)}"
-        )
-        await asyncio.sleep(0.5)
+        if len(reader.switched_at) == len(reader.workers):
+            return True
+        entries[:] = [_without_head(version_state(await tables_of(w), 2)) for w in reader.workers]
+        return False
+
+    await until(
+        check,
+        what=f"every worker switched to v2 (workers {sorted(reader.switched_at)} did)",
+        progress=lambda: (tuple(sorted(reader.switched_at)), frozen(entries)),
+        stalled_s=stalled_s,
+        poll_s=0.5,
+        detail=lambda: f"answers {dict(reader.counts)}; v2 entries {entries}",
+    )
 
 
-async def wait_rounds(reader: Reader, more: int = 1, within_s: float = 300.0) -> None:
-    """Until the reader has done ``more`` whole rounds from now."""
+async def wait_rounds(reader: Reader, more: int = 1, stalled_s: float = 120.0) -> None:
+    """Until the reader has done ``more`` whole rounds from now; fails once it got no
+    answer (nor an unreachable worker) for ``stalled_s``."""
     target = reader.rounds + more
-    deadline = time.monotonic() + within_s
-    while reader.rounds < target:
+
+    async def check() -> bool:
         await reader.checked()
-        assert reader._task is not None
-        if reader._task.done():
-            reader._task.result()  # its exception, if any
+        if reader.done():
             raise AssertionError(f"the reader stopped at round {reader.rounds}")
-        assert time.monotonic() < deadline, f"reader at round {reader.rounds}, not {target}"
-        await asyncio.sleep(0.2)
+        return reader.rounds >= target
+
+    await until(
+        check,
+        what=f"reader at round {target}",
+        progress=lambda: (reader.rounds, reader.asked()),
+        stalled_s=stalled_s,
+        poll_s=0.2,
+        detail=lambda: f"at round {reader.rounds}; answers {dict(reader.counts)}",
+    )
 
 
 @dataclass
@@ -544,7 +603,7 @@ async def deploy_v2_and_retire_v1(
         w.start()
     if d.forwarder is not None:
         d.forwarder.start()
-    await wait_group_ready(workers, PARTITIONS, within_s=300)
+    await wait_group_ready(workers, PARTITIONS)
     load = Load(d.url, model, rate=rate).start()
     reader = Reader(model, workers).start()
     try:
@@ -574,7 +633,7 @@ async def _scenario(d: Deployment, load: Load, reader: Reader, rate: float, kill
         victim = workers[min(1, len(workers) - 1)]
         victim.kill()
         victim.start()
-    await wait_group_ready(workers, PARTITIONS, within_s=300)
+    await wait_group_ready(workers, PARTITIONS)
     await wait_switched(reader)
     await wait_rounds(reader)
     appended = await load.stop()
@@ -595,10 +654,10 @@ async def _scenario(d: Deployment, load: Load, reader: Reader, rate: float, kill
     for i in range(len(workers)):  # every worker answered v1, then v2
         assert reader.answered(i, 200, 1) > 0, reader.counts
         assert reader.answered(i, 200, 2) > 0, reader.counts
-    deadline = time.monotonic() + 30  # each worker drops them once it hears (it polls)
-    while any(any(w.data_dir.glob("**/status_v1")) for w in workers):
-        left = [str(w.data_dir) for w in workers if any(w.data_dir.glob("**/status_v1"))]
-        assert time.monotonic() < deadline, f"v1's stores left in {left}"
-        await asyncio.sleep(0.2)
+
+    def left() -> tuple[str, ...]:  # each worker drops v1's stores once it hears (it polls)
+        return tuple(str(p) for w in workers for p in w.data_dir.glob("**/status_v1"))
+
+    await until(lambda: not left(), what="v1's stores dropped", progress=left, stalled_s=60)
     for w in workers:
         assert "Traceback" not in w.log_text(), w.log_text()[-3000:]

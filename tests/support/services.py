@@ -16,11 +16,12 @@ import asyncio
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.support.waits import until_sync
 
 if TYPE_CHECKING:
     from tests.conftest import Services
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("kafka", "rabbitmq", "postgres")
 READY_S = 240.0
-"""How long a restarted container may take to answer (a loaded machine is slow)."""
+"""How long a restarted container may give the same non-answer (a loaded machine is slow)."""
 
 
 def restart_service(action: str, service: str) -> None:
@@ -78,17 +79,25 @@ def restart(services: Services, action: str, service: str) -> None:
 
 
 def _wait_answers(services: Services, service: str) -> None:
-    """Until ``service`` answers its own protocol (bounded by READY_S)."""
-    deadline = time.monotonic() + READY_S
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
+    """Until ``service`` answers its own protocol; fails once its answer (the probe's
+    error: refused, then a protocol error, ...) stayed the same for READY_S."""
+    last: list[BaseException | None] = [None]
+
+    def answers() -> bool:
         try:
             _probe(services, service)
-            return
         except Exception as exc:  # not up yet
-            last = exc
-            time.sleep(0.5)
-    raise AssertionError(f"{service} did not answer within {READY_S:.0f}s of its start: {last!r}")
+            last[0] = exc
+            return False
+        return True
+
+    until_sync(
+        answers,
+        what=f"{service} answering after its start",
+        progress=lambda: repr(last[0]),
+        stalled_s=READY_S,
+        poll_s=0.5,
+    )
 
 
 def _probe(services: Services, service: str) -> None:

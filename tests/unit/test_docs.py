@@ -95,7 +95,6 @@ def test_python_block_runs(block: Block) -> None:
             asyncio.run(value())
 
 
-@pytest.mark.timeout(300)
 def test_python_blocks_pass_mypy_strict(tmp_path: Path) -> None:
     files = {}
     for i, block in enumerate(PYTHON):

@@ -1,0 +1,152 @@
+"""Waits that end on observed progress, not on a wall-clock budget.
+
+A test waits for a state (``check``) while something it can observe moves toward it
+(``progress``: a count, an offset, a tuple of phases, a log's size). The wait fails only
+when that observation stood still for ``stalled_s``: a loaded 2-core machine makes a
+scenario slower, not stuck, and a wait sized for a quiet machine fails it anyway.
+pytest-timeout stays the last resort against a hang (docs/testing.md).
+
+Progress counts when ``progress()`` returns a value it has not returned before in this
+wait, so a value that flaps (``None``, then a status, then ``None``) does not hold a
+stuck wait open; make it monotone (a count, an offset) where it can go back. Without
+``progress`` the check's own state is all there is: the wait fails ``stalled_s`` after
+its start ("nothing happened").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar, overload
+
+import orjson
+
+T = TypeVar("T")
+
+STALLED_S = 60.0
+"""The default bound for "nothing moved": far above any pause a loaded machine makes
+between two steps of a scenario (a JVM's GC, a rebalance, a worker's start)."""
+
+
+def frozen(value: object) -> bytes:
+    """A hashable observation of a JSON-like value (a /status answer, a list of them):
+    its JSON with sorted keys."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+
+
+class Stalled(AssertionError):
+    """A wait's progress stood still for its ``stalled_s`` before its check held."""
+
+
+class _Watch:
+    """What one wait has observed: the progress values seen and when the last new one came."""
+
+    def __init__(self, what: str | Callable[[], str], stalled_s: float) -> None:
+        self.what, self.stalled_s = what, stalled_s
+        self.started = self.moved = time.monotonic()
+        self.seen: set[Hashable] = set()
+        self.last: Hashable = None
+        self.changes = 0
+
+    def observe(self, value: Hashable) -> None:
+        if value not in self.seen:
+            self.seen.add(value)
+            self.last, self.moved = value, time.monotonic()
+            self.changes += 1
+
+    def stalled(self) -> bool:
+        return time.monotonic() - self.moved >= self.stalled_s
+
+    def failure(self, detail: object) -> Stalled:
+        what = self.what() if callable(self.what) else self.what
+        waited = time.monotonic() - self.started
+        last = repr(self.last)
+        last = last if len(last) <= 600 else f"{last[:600]}..."
+        moved = (
+            f"progress stood at {last} for {self.stalled_s:g}s ({self.changes} values seen)"
+            if self.changes
+            else f"nothing observed moved for {self.stalled_s:g}s"
+        )
+        extra = "" if detail is None else f"\n{detail}"
+        return Stalled(f"not {what} after {waited:.0f}s: {moved}{extra}")
+
+
+async def _value(fn: Callable[[], Any]) -> Any:
+    result = fn()
+    return await result if inspect.isawaitable(result) else result
+
+
+@overload
+async def until(
+    check: Callable[[], Awaitable[T | None]],
+    *,
+    what: str | Callable[[], str],
+    progress: Callable[[], Any] | None = None,
+    stalled_s: float = STALLED_S,
+    poll_s: float = 0.1,
+    detail: Callable[[], object] | None = None,
+) -> T: ...
+
+
+@overload
+async def until(
+    check: Callable[[], T | None],
+    *,
+    what: str | Callable[[], str],
+    progress: Callable[[], Any] | None = None,
+    stalled_s: float = STALLED_S,
+    poll_s: float = 0.1,
+    detail: Callable[[], object] | None = None,
+) -> T: ...
+
+
+async def until(
+    check: Callable[[], Any],
+    *,
+    what: str | Callable[[], str],
+    progress: Callable[[], Any] | None = None,
+    stalled_s: float = STALLED_S,
+    poll_s: float = 0.1,
+    detail: Callable[[], object] | None = None,
+) -> Any:
+    """Poll ``check`` (sync or async) every ``poll_s`` until it returns a true value, and
+    return that value; ``progress`` is observed after each check that did not hold.
+
+    Fails (:class:`Stalled`, naming ``what``, the last progress and ``detail()``) once
+    ``progress()`` (sync or async, a hashable observation) has given nothing new for
+    ``stalled_s``. An exception of ``check`` or ``progress`` (a worker found dead) ends
+    the wait at once."""
+    watch = _Watch(what, stalled_s)
+    while True:
+        result = await _value(check)
+        if result:
+            return result
+        if progress is not None:  # after the check: it may read what the check saw
+            watch.observe(await _value(progress))
+        if watch.stalled():
+            raise watch.failure(None if detail is None else await _value(detail))
+        await asyncio.sleep(poll_s)
+
+
+def until_sync(
+    check: Callable[[], T | None],
+    *,
+    what: str | Callable[[], str],
+    progress: Callable[[], Hashable] | None = None,
+    stalled_s: float = STALLED_S,
+    poll_s: float = 0.1,
+    detail: Callable[[], object] | None = None,
+) -> T:
+    """:func:`until` for code without an event loop (blocking calls, ``time.sleep``)."""
+    watch = _Watch(what, stalled_s)
+    while True:
+        result = check()
+        if result:
+            return result
+        if progress is not None:
+            watch.observe(progress())
+        if watch.stalled():
+            raise watch.failure(None if detail is None else detail())
+        time.sleep(poll_s)
