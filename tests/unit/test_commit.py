@@ -24,7 +24,8 @@ from streamapp.engine.interfaces import Committed
 from streamapp.engine.task import PartitionTask
 from streamapp.engine.task_config import TaskConfig
 from streamapp.records import Delivery, DeliveryRecord, Message
-from streamapp.tables.partition import BatchChanges, PartitionTables
+from streamapp.tables.checkpoint import Checkpoint
+from streamapp.tables.partition import CHECKPOINT_KEY, META, BatchChanges, PartitionTables
 from streamapp.tables.store import Changes, MemoryStore, RocksStore, Store
 from tests.support.doubles import MemoryPort as Port
 from tests.support.doubles import RecordingTransaction as Transaction
@@ -62,8 +63,9 @@ def records(*ids: str, start: int = 0) -> list[Delivery]:
 
 
 class LoggedStore(RocksStore):
-    """A RocksDB store that logs each write (with the value of ``kept`` it wrote) to
-    ``log``: the order tests see where the store write falls between send and settle."""
+    """A RocksDB store that logs each write to ``log``, with what that one write holds of
+    ``kept`` and of the checkpoint: the order tests see where the store write falls
+    between send and settle, and that the state and its checkpoint are one write."""
 
     def __init__(self, path: Path, spaces: list[str], log: list[str]) -> None:
         super().__init__(path, spaces, open_timeout_s=1)
@@ -71,7 +73,10 @@ class LoggedStore(RocksStore):
 
     def write(self, changes: Changes) -> None:
         super().write(changes)
-        self.log.append(f"store write (kept {self.get('t:kept', b's')!r})")
+        kept = changes.get("t:kept", {}).get(b"s")
+        raw = changes.get(META, {}).get(CHECKPOINT_KEY)
+        live = None if raw is None else Checkpoint.decode(raw).live
+        self.log.append(f"store write (kept {kept!r}, checkpoint {live})")
 
 
 def logged(tmp_path: Path, order: list[str]) -> Callable[[Agent, list[str]], Store]:
@@ -164,7 +169,11 @@ async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_tr
     (changes, _, settle), *_ = txn.commits
     assert settle is None
     assert changes[0][1].checkpoint.live == 2
-    assert order == ["transaction (store before: None)", "store write (kept b'2')", "settle 2"]
+    assert order == [
+        "transaction (store before: None)",
+        "store write (kept b'2', checkpoint 2)",
+        "settle 2",
+    ]
     assert stores["keep"].get("t:kept", b"s") == b"2"
     await t.close()
 
@@ -206,7 +215,11 @@ async def test_without_a_transaction_sends_are_confirmed_before_the_store_and_th
     )
     await t.open()
     await t.process(records("e0", "e1"))
-    assert order == ["publish 2 (store before: None)", "store write (kept b'2')", "settle 2"]
+    assert order == [
+        "publish 2 (store before: None)",
+        "store write (kept b'2', checkpoint 2)",
+        "settle 2",
+    ]
     assert stores["keep"].get("t:kept", b"s") == b"2"
     await t.close()
 
