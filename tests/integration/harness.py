@@ -163,9 +163,11 @@ class WorkerProc:
 
 
 def order_events(
-    n_orders: int, n_events: int, seed: int = 7
+    n_orders: int, n_events: int, seed: int = 7, *, versioned: bool = False
 ) -> tuple[list[Event], dict[str, tuple[int, str]]]:
-    """``n_events`` order events over ``n_orders`` orders; expected (count, last status)."""
+    """``n_events`` order events over ``n_orders`` orders; expected (count, last status).
+    ``versioned``: each event carries its ``streamversion`` (1, 2, ... per order), so the
+    per-key stream-version guard skips a repeat."""
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     last: dict[str, str] = {}
@@ -179,7 +181,11 @@ def order_events(
         last[oid] = status
         events.append(
             Event.create(
-                f"order.{status}", stream_id=oid, source="tests", data={"order": oid, "n": i}
+                f"order.{status}",
+                stream_id=oid,
+                source="tests",
+                data={"order": oid, "n": i},
+                version=counts[oid] if versioned else None,
             )
         )
     return events, {oid: (counts[oid], last[oid]) for oid in counts}

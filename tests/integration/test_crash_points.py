@@ -9,6 +9,14 @@ it must be (the crashed partition's store checkpoint, the group's committed offs
 batch's derived events as a ``read_committed`` reader sees them), restarts the worker,
 and checks every event applied once (the table, a count per order, exact) and every
 derived event sent once (``read_committed``, a count per id).
+
+The events carry ``streamversion``, so both guards of exactly-once state are seen on
+their own. The restart resumes from the store's checkpoint, never from the group's
+offset (behind it after ``after_write``): nothing is redelivered, so the stream-version
+guard skips nothing (a resume from the offset would show as skips). Then the crashed
+batch's events are sent to the topic again, as a producer's retry or the forwarder's
+at-least-once relay sends them: the guard alone must skip each, with no derived event
+sent again.
 """
 
 from __future__ import annotations
@@ -104,6 +112,16 @@ def _store_checkpoint(data_dir: Path, app_id: str, partition: int) -> Checkpoint
         store.close()
 
 
+def _skipped(status: dict[str, Any] | None) -> dict[str, int]:
+    """Per partition of a worker's ``/status``: events skipped as already applied (the
+    stream-version guard; the app has no filter), after checking every event was
+    versioned."""
+    assert status is not None
+    parts = status["partitions"]
+    assert all(part["unversioned"] == 0 for part in parts.values()), parts
+    return {name: part["outcomes"].get("filtered", 0) for name, part in parts.items()}
+
+
 @pytest.mark.parametrize("point", crashpoint.POINTS)
 async def test_a_crash_at_each_step_of_the_commit_order_applies_and_sends_once(
     point: str, kafka_bootstrap: str, tmp_path: Path
@@ -111,7 +129,7 @@ async def test_a_crash_at_each_step_of_the_commit_order_applies_and_sends_once(
     ns = f"cp{uuid.uuid4().hex[:6]}-"
     app_id, topic, derived = f"{ns}crash", f"{ns}crash-orders", f"{ns}crash-derived"
     create_topics(kafka_bootstrap, ns, APP)
-    events, expected = order_events(n_orders=200, n_events=4_000, seed=5)
+    events, expected = order_events(n_orders=200, n_events=4_000, seed=5, versioned=True)
     await produce(kafka_bootstrap, topic, events)  # all of it waits: many batches to come
     report = tmp_path / "crash.json"
     data = tmp_path / "data"
@@ -179,10 +197,24 @@ async def test_a_crash_at_each_step_of_the_commit_order_applies_and_sends_once(
             assert restored == 0, status
         await wait_caught_up(kafka_bootstrap, app_id, topic, 180, [worker])
         assert_exact(await read_table([worker], "order_status", list(expected)), expected)
+        # From the checkpoint: nothing the store holds came again. A resume from the
+        # group's offset would (the guard skipping it, the table still exact).
+        assert _skipped(await worker.status()) == dict.fromkeys(_skipped(status), 0), where
+
+        # The batch sent again (a producer's retry): the stream-version guard skips it.
+        batch = set(outputs)
+        again = [e for e in events if f"{e.id}/projected" in batch]
+        n_again = len(again)
+        assert n_again == len(outputs), where
+        await produce(kafka_bootstrap, topic, again)
+        await wait_caught_up(kafka_bootstrap, app_id, topic, 180, [worker])
+        assert_exact(await read_table([worker], "order_status", list(expected)), expected)
         ids = _ids(await _read(kafka_bootstrap, derived))
         wanted = {f"{e.id}/projected" for e in events}
         assert set(ids) == wanted, (len(set(ids) - wanted), len(wanted - set(ids)))
         twice = [i for i, n in ids.items() if n > 1]
         assert not twice, f"{len(twice)} derived events sent twice, e.g. {twice[:5]}"
+        skipped = _skipped(await worker.status())
+        assert skipped[f"{topic}[{p}]"] == n_again, f"{skipped}; {where}"
     finally:
         assert worker.stop() == 0, worker.log_text()[-3000:]

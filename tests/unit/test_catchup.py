@@ -1,7 +1,9 @@
 """Catch-up then live on a real SQLite event store, with appends racing the handover.
 
 The feed (one reader per worker) must never hand a stored chunk to a partition that has
-gone live, and the handover must leave ``caught_up`` in the checkpoint; a recording
+gone live, and the handover must leave ``caught_up`` in the checkpoint, never before the
+last replayed chunk is committed (a crash after an earlier chunk would restart as caught
+up: live at once, its views answering from part of the history); a recording
 transaction keeps every batch so that two batches in flight at once would show.
 """
 
@@ -89,6 +91,11 @@ async def test_appends_racing_the_handover_never_reach_a_live_partition(tmp_path
         assert changelog.batches[-1].checkpoint.caught_up  # the marker is in the changelog
         replayed = cp.history
         assert replayed is not None
+        # Chunk by chunk without the marker; it comes with the replay's end position only.
+        marks = [(b.checkpoint.history, b.checkpoint.caught_up) for b in changelog.batches]
+        assert len(marks) > 2, marks
+        assert not marks[0][1], marks
+        assert all(at == replayed for at, caught_up in marks if caught_up), marks
         assert len(applied) == replayed - 1  # each stored event below the position, once
         assert len({eid for eid, _ in applied}) == len(applied)
         counted = sum(v for _, v in tables.views[0].items())

@@ -5,14 +5,15 @@
   ahead of it (nothing else settles); when every lane has tables, the position is
   settled after the store write;
 - without one (RabbitMQ), derived events are confirmed before the store write, which
-  comes before the settle;
+  comes before the settle (the store write recorded by a RocksDB store that logs it);
 - a restart places each lane at its own position (checkpoint, or the committed
   position's ``ahead``) and a lane never runs a delivery below it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from streamapp import App, Event, PublishError, Send, Table, TableView
@@ -23,8 +24,9 @@ from streamapp.engine.interfaces import Committed
 from streamapp.engine.task import PartitionTask
 from streamapp.engine.task_config import TaskConfig
 from streamapp.records import Delivery, DeliveryRecord, Message
-from streamapp.tables.partition import BatchChanges, PartitionTables
-from streamapp.tables.store import MemoryStore, Store
+from streamapp.tables.checkpoint import Checkpoint
+from streamapp.tables.partition import CHECKPOINT_KEY, META, BatchChanges, PartitionTables
+from streamapp.tables.store import Changes, MemoryStore, RocksStore, Store
 from tests.support.doubles import MemoryPort as Port
 from tests.support.doubles import RecordingTransaction as Transaction
 from tests.support.doubles import no_park
@@ -60,6 +62,28 @@ def records(*ids: str, start: int = 0) -> list[Delivery]:
     return out
 
 
+class LoggedStore(RocksStore):
+    """A RocksDB store that logs each write to ``log``, with what that one write holds of
+    ``kept`` and of the checkpoint: the order tests see where the store write falls
+    between send and settle, and that the state and its checkpoint are one write."""
+
+    def __init__(self, path: Path, spaces: list[str], log: list[str]) -> None:
+        super().__init__(path, spaces, open_timeout_s=1)
+        self.log = log
+
+    def write(self, changes: Changes) -> None:
+        super().write(changes)
+        kept = changes.get("t:kept", {}).get(b"s")
+        raw = changes.get(META, {}).get(CHECKPOINT_KEY)
+        live = None if raw is None else Checkpoint.decode(raw).live
+        self.log.append(f"store write (kept {kept!r}, checkpoint {live})")
+
+
+def logged(tmp_path: Path, order: list[str]) -> Callable[[Agent, list[str]], Store]:
+    """Stores for :func:`task`: a :class:`LoggedStore` per agent under ``tmp_path``."""
+    return lambda agent, spaces: LoggedStore(tmp_path / agent.name, spaces, order)
+
+
 def task(
     app: App,
     port: Port,
@@ -67,9 +91,13 @@ def task(
     *,
     transaction: Transaction | None = None,
     publish: Any = None,
+    make_store: Callable[[Agent, list[str]], Store] | None = None,
 ) -> PartitionTask:
     def open_store(agent: Agent, spaces: list[str]) -> Store:
-        return stores.setdefault(agent.name, MemoryStore(spaces))
+        if agent.name not in stores:
+            made = make_store(agent, spaces) if make_store else MemoryStore(spaces)
+            stores[agent.name] = made
+        return stores[agent.name]
 
     return TaskFactory(
         config=TaskConfig(redeliver_pause_s=0.0),
@@ -109,9 +137,12 @@ async def test_one_transaction_holds_changelogs_sends_and_the_position_with_lane
     await t.close()
 
 
-async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_transaction() -> None:
+async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_transaction(
+    tmp_path: Path,
+) -> None:
     """Every lane resumes from its checkpoint (in the transaction), so the offset needs
-    no transactional commit: it is settled once the store holds the batch."""
+    no transactional commit: it is settled once the store holds the batch. The RocksDB
+    store logs its write: a settle before it fails here."""
     app = App("t")
     kept: Table[int] = Table("kept")
     stores: dict[str, Store] = {}
@@ -132,13 +163,17 @@ async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_tr
             return await super().commit(changes, outputs, settle)
 
     port, txn = Port(log=order), Recording()
-    t = task(app, port, stores, transaction=txn)
+    t = task(app, port, stores, transaction=txn, make_store=logged(tmp_path, order))
     await t.open()
     await t.process(records("e0", "e1"))
     (changes, _, settle), *_ = txn.commits
     assert settle is None
     assert changes[0][1].checkpoint.live == 2
-    assert order == ["transaction (store before: None)", "settle 2"]
+    assert order == [
+        "transaction (store before: None)",
+        "store write (kept b'2', checkpoint 2)",
+        "settle 2",
+    ]
     assert stores["keep"].get("t:kept", b"s") == b"2"
     await t.close()
 
@@ -163,7 +198,9 @@ async def test_a_restart_places_each_lane_at_its_own_position() -> None:
     await again.close()
 
 
-async def test_without_a_transaction_sends_are_confirmed_before_the_store_and_the_settle() -> None:
+async def test_without_a_transaction_sends_are_confirmed_before_the_store_and_the_settle(
+    tmp_path: Path,
+) -> None:
     calls: list[str] = []
     order: list[str] = []
     stores: dict[str, Store] = {}
@@ -173,10 +210,16 @@ async def test_without_a_transaction_sends_are_confirmed_before_the_store_and_th
         kept = stores["keep"].get("t:kept", b"s")
         order.append(f"publish {len(messages)} (store before: {kept!r})")
 
-    t = task(app_with_lanes(calls), port, stores, publish=publish)
+    t = task(
+        app_with_lanes(calls), port, stores, publish=publish, make_store=logged(tmp_path, order)
+    )
     await t.open()
     await t.process(records("e0", "e1"))
-    assert order == ["publish 2 (store before: None)", "settle 2"]
+    assert order == [
+        "publish 2 (store before: None)",
+        "store write (kept b'2', checkpoint 2)",
+        "settle 2",
+    ]
     assert stores["keep"].get("t:kept", b"s") == b"2"
     await t.close()
 
