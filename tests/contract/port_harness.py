@@ -48,6 +48,7 @@ from streamapp.records import Delivery
 from streamapp.records import DeliveryRecord as Record
 from streamapp.records import Message as Outgoing
 from streamapp.storeonly.source import _StorePort
+from streamapp.topics import TopicSpec
 from tests.support.waits import until
 
 TOPIC_PARTITIONS = 2
@@ -411,13 +412,6 @@ class MemoryPortHarness(PortHarness):
 
 
 # the event store alone --------------------------------------------------------------
-class TopicSpec(NamedTuple):
-    """The topic a task follows, as the feed reads it (name, partition count)."""
-
-    name: str
-    partitions: int
-
-
 class _FollowingTask:
     """What the store's feed drives in place of a partition task: it takes the events of
     its partition from its checkpoint on (``history_position``) and commits each chunk

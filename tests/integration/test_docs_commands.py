@@ -340,6 +340,7 @@ def test_readme_quick_start(tmp_path: Path) -> None:
     assert (tmp_path / "streamapp" / ".venv" / "bin" / "streamapp").exists()
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 @pytest.mark.timeout(600)
 def test_readme_installing(tmp_path: Path) -> None:
     """The install lines from a clone: ``scripts/bootstrap dev`` makes the clone's .venv

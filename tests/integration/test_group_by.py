@@ -109,6 +109,7 @@ async def wait_committed(
     )
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_per_customer_totals_exact_through_sigkill(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

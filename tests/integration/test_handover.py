@@ -107,15 +107,6 @@ async def _head(url: str) -> int:
         await store.close()
 
 
-async def _phases(workers: list[WorkerProc]) -> list[str]:
-    out = []
-    for w in workers:
-        status = await w.status()
-        if status:
-            out += [p["phase"] for p in status["partitions"].values()]
-    return out
-
-
 async def test_three_workers_replay_while_more_is_appended_and_forwarded(
     kafka_bootstrap: str, tmp_path: Path, store_url: str
 ) -> None:

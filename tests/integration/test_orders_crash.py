@@ -24,6 +24,7 @@ from .harness import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_sigkill_three_times_mid_load(kafka_bootstrap: str, tmp_path: Path) -> None:
     ns = f"kill{uuid.uuid4().hex[:6]}-"
     create_topics(kafka_bootstrap, ns)
@@ -102,6 +103,7 @@ async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_sigkill_with_a_survivor_that_takes_over(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

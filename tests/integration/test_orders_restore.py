@@ -23,7 +23,8 @@ from .harness import (
     wait_ready,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# make acceptance runs it (scripts/acceptance): too heavy for make test on two cores.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.acceptance]
 
 BIG_KEYS = 300_000
 

@@ -69,6 +69,7 @@ async def read_committed(bootstrap: str, topic: str) -> list[Any]:
     return got
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_derived_events_exactly_once_and_two_agents_exact_through_sigkill(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

@@ -96,6 +96,7 @@ async def _parked(bootstrap: str, topic: str) -> list[Any]:
         await consumer.stop()
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_a_plain_json_topic_is_projected_exactly_through_sigkill(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

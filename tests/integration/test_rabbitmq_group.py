@@ -283,6 +283,7 @@ async def test_members_that_disagree_apply_each_event_once(group: Group) -> None
     )
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_a_member_nobody_hears_hands_over_without_losing_an_event(group: Group) -> None:
     """A's heartbeats are lost and it hears B late: B takes every partition and replays
     the store while A, the active consumer, goes on applying; then A sees B holding them
@@ -512,6 +513,7 @@ async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_p
                 w.kill()
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_views_of_three_rabbitmq_workers_answer_every_key_from_its_owner(
     amqp: str, tmp_path: Path
 ) -> None:

@@ -102,6 +102,7 @@ async def gone(path: Path, within_s: float = 30.0) -> None:
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_kafka_retire(services: Services, tmp_path: Path) -> None:
     ns = f"rt{uuid.uuid4().hex[:6]}-"
     bootstrap, group = services.kafka, f"{ns}rt"

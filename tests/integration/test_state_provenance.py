@@ -258,6 +258,7 @@ def _in_partitions(keys: Sequence[str], n: int, below: int) -> list[str]:
     return [k for k in keys if partition_for(k.encode(), n) < below]
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_kafka_partition_count_changed_is_refused(
     tmp_path: Path, kafka_bootstrap: str
 ) -> None:
@@ -339,6 +340,7 @@ def _rabbit(amqp: str, url: str, **extra: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_rabbitmq_partition_count_changed_and_table_added_are_refused(
     tmp_path: Path, services: Services
 ) -> None:

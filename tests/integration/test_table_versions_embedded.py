@@ -13,7 +13,8 @@ import pytest
 from .harness import WorkerProc
 from .versions_world import APP, Deployment, deploy_v2_and_retire_v1
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# make acceptance runs it (scripts/acceptance): too heavy for make test on two cores.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.acceptance]
 
 
 @pytest.mark.parametrize("kills", [False, True], ids=["restart", "kill9"])

@@ -31,7 +31,8 @@ from .harness import (
     wait_group_ready,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# make acceptance runs it (scripts/acceptance): too heavy for make test on two cores.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.acceptance]
 
 MIN_REQUESTS = 5_000
 AFTER_JOIN_REQUESTS = 1_000  # the load goes on this long once the new worker is live

@@ -56,6 +56,7 @@ async def _tables(http: aiohttp.ClientSession, w: WorkerProc) -> dict[int, dict[
     return {v["version"]: v for v in table["versions"]}
 
 
+@pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
 async def test_no_switch_while_old_code_owns_partitions_then_the_switch(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
