@@ -17,8 +17,15 @@ from .versions_world import APP, Deployment, deploy_v2_and_retire_v1
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.acceptance]
 
 
+@pytest.mark.parametrize("attempt", range(5))  # a race: one run caught it in 3 of 9 (see below)
 @pytest.mark.parametrize("kills", [False, True], ids=["restart", "kill9"])
-async def test_v2_built_beside_v1_switch_and_retire_embedded(tmp_path: Path, kills: bool) -> None:
+async def test_v2_built_beside_v1_switch_and_retire_embedded(
+    tmp_path: Path, kills: bool, attempt: int
+) -> None:
+    """Run five times: on 2026-12-03 a v2 built beside v1 in embedded mode ended some keys
+    an event short (or folded wrong) in 3 of 9 runs of the restart case at ``57c6ced``
+    (0 of 5 at ``acff598``): a race in the store feed's build/join path, not yet fixed.
+    One run alone lets it through two times in three."""
     url = f"sqlite:///{tmp_path / 'events.db'}"
     env = {"STREAMAPP_BROKER": "none", "STREAMAPP_EVENT_STORE": url, "VERSIONS_VARIANT": "v1"}
     ns = f"tve{uuid.uuid4().hex[:6]}-"
