@@ -499,10 +499,8 @@ async def compacted_changelog(bootstrap: str, prefix: str) -> TopicPartition:
     return TopicPartition(topic, 0)
 
 
-async def topic_size(bootstrap: str, topic: str) -> int:
-    """Records in ``topic`` (sum of end offsets; no transactions on source topics)."""
-    from aiokafka import AIOKafkaConsumer
-
+async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
+    """The partitions of ``topic`` as the broker describes it (at least one)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -511,6 +509,14 @@ async def topic_size(bootstrap: str, topic: str) -> int:
         await admin.close()
     tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
     assert tps, f"topic {topic} has no partitions"
+    return tps
+
+
+async def topic_size(bootstrap: str, topic: str) -> int:
+    """Records in ``topic`` (sum of end offsets; no transactions on source topics)."""
+    from aiokafka import AIOKafkaConsumer
+
+    tps = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await consumer.start()
     try:
@@ -525,14 +531,7 @@ async def read_topic(bootstrap: str, topic: str, within_s: float = 60.0) -> list
     its end as it is now (a parking destination: streamapp parks transactionally)."""
     from aiokafka import AIOKafkaConsumer
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
-    assert tps, f"topic {topic} has no partitions"
+    tps = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
     )
