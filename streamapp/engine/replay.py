@@ -271,8 +271,15 @@ class Replay:
         if task.phase is not Phase.CATCHING_UP:
             return
         done = {lane: lane.history_position() for lane in lanes}
-        await task._commit(None, history_at(done, caught_up=True))
-        log.debug("%s caught up at store position %s", self.name, min(done.values()) - 1)
+        marked = asyncio.ensure_future(task._commit(None, history_at(done, caught_up=True)))
+        try:
+            await asyncio.shield(marked)
+        finally:  # a close meanwhile waits for the marker: its line tells what is durable
+            if not marked.done():
+                await asyncio.wait([marked])
+            if not marked.cancelled() and marked.exception() is None:
+                position = min(done.values()) - 1
+                log.debug("%s caught up at store position %s", self.name, position)
 
     def recheck(self) -> None:
         """The source may have changed hands (see :meth:`PartitionTask.recheck`)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -42,9 +43,38 @@ async def create_topics(app: App, settings: Settings) -> list[str]:
         for name, code, *_ in resp.topic_errors:
             if code and code != TopicAlreadyExistsError.errno:
                 raise ConfigError(f"creating topic {name!r} failed with Kafka error code {code}")
+        await _until_visible(admin, {p.name: p.partitions for p in missing})
         return [p.name for p in missing]
     finally:
         await admin.close()
+
+
+VISIBLE_POLLS = 200
+"""Metadata reads while created topics become visible (about 20 s at most)."""
+
+
+async def _until_visible(admin: AIOKafkaAdminClient, wanted: dict[str, int]) -> None:
+    """Return once the broker's metadata shows each created topic with all its
+    partitions led: CreateTopics answers when the controller made them, and a worker
+    started right after would otherwise see them missing and retry. A topic still not
+    visible after :data:`VISIBLE_POLLS` reads is logged; the worker's topic check then
+    retries as for a topic made by someone else."""
+    pending = dict(wanted)
+    for _ in range(VISIBLE_POLLS):
+        described = await admin.describe_topics(list(pending))
+        for d in described:
+            parts = d["partitions"]
+            led = [p for p in parts if p["error_code"] == 0 and p["leader"] >= 0]
+            if d["error_code"] == 0 and len(led) == pending.get(d["topic"], -1):
+                pending.pop(d["topic"], None)
+        if not pending:
+            return
+        await asyncio.sleep(0.1)
+    log.warning(
+        "topic(s) %s created but not yet in the broker's metadata; a worker started now "
+        "retries its topic check until they are",
+        ", ".join(sorted(pending)),
+    )
 
 
 async def partition_counts(settings: Settings, names: list[str]) -> dict[str, int]:

@@ -469,6 +469,7 @@ def test_views_worker_commands(embedded_orders: tuple[Path, dict[str, str]]) -> 
     lines = [line for line in code.splitlines() if line.strip()]
     assert len(lines) == 3
     logs = []
+    says_summary = [True, False, True]  # INFO, WARNING only, JSON INFO
     for i, line in enumerate(lines):
         log = cwd / f".worker-line-{i}.log"
         script = cwd / f".worker-line-{i}.sh"
@@ -483,9 +484,13 @@ def test_views_worker_commands(embedded_orders: tuple[Path, dict[str, str]]) -> 
                 start_new_session=True,
             )
         try:
+            # ready, and (INFO) its partitions line said: the summary polls the phases
             wait_for(
                 f"{line!r} ready",
-                lambda: http_get("http://127.0.0.1:6066/readyz")[0] == 200,
+                lambda log=log, says=says_summary[i]: (
+                    http_get("http://127.0.0.1:6066/readyz")[0] == 200
+                    and (not says or "owns 8 partitions" in log.read_text())
+                ),
                 lambda log=log, proc=proc: (log.stat().st_size, proc.poll()),
             )
             os.killpg(proc.pid, signal.SIGINT)

@@ -148,7 +148,12 @@ async def test_three_workers_replay_while_more_is_appended_and_forwarded(
             for line in logs.splitlines()
             if " caught up at store position" in line
         }
-        assert caught_up == {f"{ns}orders[{p}]" for p in range(8)}
+        moves = [
+            line
+            for line in logs.splitlines()
+            if " caught up at store position" in line or "assigned " in line or "closed " in line
+        ]
+        assert caught_up == {f"{ns}orders[{p}]" for p in range(8)}, "\n".join(moves[-80:])
     finally:
         forwarder.kill()
         for w in workers:
