@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from .errors import ConfigError
 from .loop import loop_factory
@@ -94,6 +95,12 @@ class Settings:
     """RabbitMQ group: how often a worker says it is alive and what it holds."""
     amqp_session_timeout_ms: int = 3000
     """RabbitMQ group: a worker not heard from for this long is gone; its partitions move."""
+    amqp_heartbeat_s: int = 3
+    """RabbitMQ: the AMQP connection heartbeat (whole seconds, as AMQP negotiates it). The
+    broker closes a connection it has not heard for about this long, and only then moves
+    a partition queue's single active consumer to the next consumer: it bounds how long a
+    worker cut off from the broker holds queues the group gave to others (60 by default in
+    the client; ``docs/rabbitmq.md``: What a network partition costs)."""
     event_store: str = "sqlite:///streamapp-events.db"
     """``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``postgresql://...``."""
     data_dir: Path = Path("streamapp-data")
@@ -304,6 +311,7 @@ class Settings:
             "amqp_prefetch",
             "amqp_heartbeat_ms",
             "amqp_session_timeout_ms",
+            "amqp_heartbeat_s",
             "publish_timeout_s",
             "control_publish_timeout_s",
             "transaction_timeout_s",
@@ -315,6 +323,7 @@ class Settings:
                 raise bad(name, "must be positive")
         if self.amqp_heartbeat_ms * 3 > self.amqp_session_timeout_ms:
             raise bad("amqp_session_timeout_ms", "must be at least 3 x amqp_heartbeat_ms")
+        self._validate_amqp_heartbeat(bad)
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise bad("heartbeat_interval_ms", "must be below session_timeout_ms")
         self._validate_lease(bad)
@@ -365,6 +374,22 @@ class Settings:
                 f"must exceed twice {beats} ({self._setting_s(beats):g} s), or the lease "
                 "lapses when one heartbeat is late",
             )
+
+    def _validate_amqp_heartbeat(self, bad: Callable[[str, str], ConfigError]) -> None:
+        if self.amqp_heartbeat_s > 65535:  # a short in AMQP's connection.tune
+            raise bad("amqp_heartbeat_s", "must be at most 65535 (seconds)")
+        given = amqp_url_heartbeat(self.amqp_url)
+        if given is not None and given != str(self.amqp_heartbeat_s):
+            raise bad(
+                "amqp_heartbeat_s",
+                f"is {self.amqp_heartbeat_s}, but amqp_url says heartbeat={given}: remove "
+                "heartbeat from the URL (the setting applies it) or give both the same value",
+            )
+
+
+def amqp_url_heartbeat(url: str) -> str | None:
+    """The ``heartbeat`` query parameter of an AMQP URL, if it has one."""
+    return parse_qs(urlsplit(url).query).get("heartbeat", [None])[-1]
 
 
 _SETTABLE = tuple(f.name for f in fields(Settings) if f.name != "app_id")

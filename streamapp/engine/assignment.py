@@ -6,7 +6,7 @@ source); the worker, the views and the status page read it, and know no transpor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..agent import Agent
@@ -49,6 +49,9 @@ class Assignment:
         self.lease: Lease | None = None
         """This worker's owner's lease, confirmed by its group (:mod:`.lease`); None: no
         group to confirm it (the embedded store lock holds while the process runs)."""
+        self.stalled: Callable[[], Mapping[tuple[str, int], float]] = dict
+        """The live partitions that have deliveries waiting and get none, each with for
+        how long (where the transport can tell: RabbitMQ, :mod:`streamapp.rabbitmq.stalled`)."""
 
     def owner_of(self, table: str, key: str) -> tuple[int, PartitionTask | None]:
         """The partition of ``key`` in the table labelled ``table`` (``Table.label``), and
@@ -108,16 +111,29 @@ class Assignment:
 
     def status(self) -> dict[str, Any]:
         """Each task's status; a live one whose lease lapsed is ``unconfirmed`` (see
-        :data:`UNCONFIRMED`), with ``unconfirmed_s``."""
+        :data:`UNCONFIRMED`), with ``unconfirmed_s``; one that gets none of the deliveries
+        waiting for it is ``stalled`` (:data:`STALLED`), with ``stalled_s``."""
         gap = self.unconfirmed()
+        stalled = self.stalled()
         out: dict[str, Any] = {}
-        for _, task in sorted(self.tasks.items(), key=lambda kv: kv[0]):
+        for key, task in sorted(self.tasks.items(), key=lambda kv: kv[0]):
             status = task.status()
-            if gap is not None and task.phase is Phase.LIVE:
+            if task.phase is Phase.LIVE and gap is not None:
                 status |= {"phase": UNCONFIRMED, "unconfirmed_s": round(gap, 1)}
+            elif task.phase is Phase.LIVE and key in stalled:
+                status |= {"phase": STALLED, "stalled_s": round(stalled[key], 1)}
             out[task.name] = status
         return out
 
+    def stalled_count(self) -> int:
+        """Live partitions that get none of the deliveries waiting for them."""
+        stalled = self.stalled()
+        return sum(1 for k, t in self.tasks.items() if k in stalled and t.phase is Phase.LIVE)
+
+
+STALLED = "stalled"
+"""What ``/status`` says of a live partition that has deliveries waiting and gets none
+(on RabbitMQ: the broker gives its queue to another consumer). Not a phase of the task."""
 
 UNCONFIRMED = "unconfirmed"
 """What ``/status`` says of a live partition whose owner's lease lapsed: this worker may

@@ -31,16 +31,19 @@ def safe_url(url: str) -> str:
 async def connect(
     settings: Settings, what: str = "RabbitMQ", *, robust: bool = True
 ) -> AbstractRobustConnection:
-    """A robust connection to setting ``amqp_url``; after a loss it reconnects on its own
+    """A robust connection to setting ``amqp_url`` (AMQP heartbeat: setting
+    ``amqp_heartbeat_s``); after a loss it reconnects on its own
     (channels and consumers are restored; unacked deliveries come again, redelivered).
     With ``robust=False`` a plain connection (typed alike): a loss closes it for good.
     Start-up retries as :func:`with_startup_retry` says."""
 
+    beat = settings.amqp_heartbeat_s  # the broker drops a connection it no longer hears
+
     async def open_connection() -> AbstractRobustConnection:
         if not robust:
-            plain = await aio_pika.connect(settings.amqp_url, timeout=10)
+            plain = await aio_pika.connect(settings.amqp_url, timeout=10, heartbeat=beat)
             return cast(AbstractRobustConnection, plain)
-        return await aio_pika.connect_robust(settings.amqp_url, timeout=10)
+        return await aio_pika.connect_robust(settings.amqp_url, timeout=10, heartbeat=beat)
 
     return await with_startup_retry(settings, what, open_connection)
 

@@ -36,6 +36,11 @@ The protocol (:class:`RabbitMembership`):
   that changes (a lane goes live). A beat without them (an older streamapp) declares
   version 1 of each table, live on the partitions it holds.
 - **Joining** waits ``2 x amqp_heartbeat_ms`` to hear the members before taking anything.
+- **Coming back.** A member whose own beats were not heard back for a session timeout
+  (cut off from the broker, or reconnected on a new members queue) has been called
+  gone, and its partitions given away: it hears the group for ``2 x amqp_heartbeat_ms``,
+  releases in one rebalance what the others hold now, and only then lets its beats
+  confirm its lease again (its views answer 503 meanwhile).
 - **Waking.** After its loop stalled (the process frozen or starved) for half the session
   timeout or more, every other member looks silent, though their heartbeats wait in its
   queue. A member then beats and waits for that beat to come back to its own queue: the
@@ -56,10 +61,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
 
 import aio_pika
-import orjson
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
@@ -69,37 +72,16 @@ from aio_pika.abc import (
 
 from ..app import App
 from ..engine.lease import Lease
-from ..engine.served import old_declared
 from ..settings import Settings
-from ..version_states import MemberTables, encode_member, parse_member
+from ..version_states import MemberTables
+from .beats import decode_beat, encode_beat
 from .lease import EchoLease
+from .membership import Partitions
 
 log = logging.getLogger("streamapp.rabbitmq.members")
 
-Partitions = list[tuple[str, int]]
-"""(source topic, partition) pairs."""
 TABLES_TICK_S = 0.2
 """How often a member compares its live lanes with what its last heartbeat said."""
-
-
-class Membership(Protocol):
-    """Tells a source which partitions it owns, now and on every change."""
-
-    async def start(
-        self,
-        assigned: Callable[[Partitions], None],
-        revoked: Callable[[Partitions], Awaitable[None]],
-    ) -> None:
-        """Join; call ``assigned`` with this worker's partitions (and ``revoked`` before
-        any of them moves to another worker)."""
-
-    async def stop(self) -> None:
-        """Leave: every held partition is revoked first."""
-
-    @property
-    def settled(self) -> bool:
-        """True when this worker holds exactly what the assignment gives it."""
-        ...
 
 
 def members_exchange(app: App) -> str:
@@ -165,6 +147,11 @@ class RabbitMembership:
         self._lock = asyncio.Lock()
         """Held by a rebalance: a stop waits for it rather than cutting a release short."""
         self._joined = False
+        self._rejoin: float | None = None
+        """When this member came back from a lapse the others took for its end (see
+        :meth:`_rejoining`); None otherwise."""
+        self._rejoined = False
+        """True once the rebalance after its rejoin window released what others hold."""
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self.generation = 0
@@ -257,16 +244,8 @@ class RabbitMembership:
             self._lease.sent(self._sent)
         tables = self._tables() if self._tables is not None else None
         self._beaten = None if tables is None else _phases(tables)
-        body = orjson.dumps(
-            {
-                **({} if tables is None else encode_member(tables)),
-                "member": self.id,
-                "seq": self._sent,
-                "url": self._url(),
-                "held": sorted(self.held),
-                "contested": [[t, p, n] for (t, p), n in sorted(self.contests.items())],
-                "leaving": leaving,
-            }
+        body = encode_beat(
+            self.id, self._sent, self._url(), self.held, self.contests, tables, leaving=leaving
         )
         message = aio_pika.Message(
             body, content_type="application/json", expiration=timedelta(seconds=self.timeout_s)
@@ -275,23 +254,53 @@ class RabbitMembership:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         try:
-            beat = orjson.loads(message.body)
-            member, held = str(beat["member"]), beat.get("held") or []
-            heard = frozenset((str(t), int(p)) for t, p in held)
-            url, leaving = beat.get("url"), bool(beat.get("leaving"))
-            contested = {(str(t), int(p)): int(n) for t, p, n in beat.get("contested") or []}
-            seq = int(beat.get("seq") or 0)
-            tables = parse_member(member, beat, old_declared(self.app, heard))
+            beat = decode_beat(message.body, self.app)
         except Exception as exc:
             log.warning("ignoring a malformed heartbeat on %s: %r", members_exchange(self.app), exc)
             return
-        if member == self.id:
-            self._echoed = max(self._echoed, seq)
+        if beat.member == self.id:
+            self._echoed = max(self._echoed, beat.seq)
             self._echo.set()
-            if self._lease is not None and self._lease.heard(seq):
+            if self._rejoining():
+                return  # back after the others called it gone: it hears them first
+            if self._lease is not None and self._lease.heard(beat.seq):
                 self._kick.set()  # confirmed again: it may take what it is assigned
             return
-        self._heard(member, url, heard, leaving, contested, tables)
+        self._heard(beat.member, beat.url, beat.held, beat.leaving, beat.contested, beat.tables)
+
+    def _rejoining(self) -> bool:
+        """True while this member comes back after a lapse the others took for its end.
+
+        Unconfirmed for a session timeout or more (cut off from the broker; or a
+        reconnect, whose new members queue lost what was sent meanwhile), it has been
+        called gone and its partitions were given to others, and it has called them gone
+        too. Like a member joining, it hears the group for two beats; then one rebalance
+        releases what the others hold now, and only after that may its own beats
+        confirm its lease again. So its views never answer as owner, from the state it
+        had when it was cut off, of a partition another member applies."""
+        lease = self._lease
+        if self._rejoin is None:
+            lapse = None if lease is None else lease.lease.unconfirmed_s()
+            if lapse is None or lapse < self.timeout_s:
+                return False
+            self._rejoin = time.monotonic()
+            self._rejoined = False
+            log.warning(
+                "member %s: its ownership was not confirmed for %.1fs (amqp_session_timeout_ms "
+                "%.1fs: the others called it gone): hearing the group for %.1fs before it "
+                "confirms its lease or takes anything",
+                self.id,
+                lapse,
+                self.timeout_s,
+                2 * self.heartbeat_s,
+            )
+            return True
+        if not self._rejoined:
+            if time.monotonic() - self._rejoin >= 2 * self.heartbeat_s:
+                self._kick.set()  # the rebalance that releases what others hold
+            return True
+        self._rejoin = None
+        return False
 
     def _heard(
         self,
@@ -456,8 +465,10 @@ class RabbitMembership:
             self.held |= take
             self._assigned(sorted(take))
             changed = True
+        if self._rejoin is not None and time.monotonic() - self._rejoin >= 2 * self.heartbeat_s:
+            self._rejoined = True  # what others hold is let go: its beats may confirm it
         self._on_change()
-        if changed:
+        if changed or self._rejoined:
             await self._send()
             log.info(
                 "member %s of %d holds %s (waiting for %s)",

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from ..app import App
 from ..errors import ConfigError
 from ..settings import Settings
-from .members import Partitions
+from .membership import Partitions
 
 
 class StaticMembership:

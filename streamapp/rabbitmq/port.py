@@ -17,6 +17,10 @@ accepts them (``pause``/``resume``); the prefetch bounds how many the broker sen
   and the stream-version guard applies each event once.
 - The port consumes again itself after a reconnect (the queue is not left to the robust
   client, whose recovery would fail the whole connection over one missing queue).
+- A partition whose queue has messages ready while the port holds none and heard
+  nothing for a while is *stalled* (:mod:`.stalled`): the broker gives the queue's single
+  active consumer to another connection. The port tells how long it has been idle and
+  consumes anew when asked.
 - A consumer the broker cancels (``basic.cancel``: the queue was deleted, or it moved)
   is gone for good, and so is a queue missing after a reconnect. The port closes its
   channel (what it held goes back to the queue, if the queue still exists) and fails
@@ -117,9 +121,11 @@ class RabbitPartitionPort:
         self.acked = 0
         """Deliveries acked (the ack frame written on a live channel)."""
         self.cancelled: SourceError | None = None
+        """Set when the broker cancelled the consumer (the partition stopped)."""
         self._closed = False
         """Closed by its task: a re-opened channel does not consume again."""
-        """Set when the broker cancelled the consumer (the partition stopped)."""
+        self._heard = time.monotonic()
+        """When the last delivery came (or the port began consuming)."""
 
     # PartitionPort -----------------------------------------------------------------
     def pause(self) -> None:
@@ -199,8 +205,42 @@ class RabbitPartitionPort:
         except Exception as exc:
             raise SourceError(f"{self.name}: cannot consume queue {self.queue!r}: {exc!r}") from exc
         self._channel = channel
+        self._heard = time.monotonic()
         log.info("%s: consuming queue %s (prefetch %d)", self.name, self.queue, self.prefetch)
         return self._next
+
+    # stalled (:mod:`.stalled`) ----------------------------------------------------------
+    def idle_s(self) -> float | None:
+        """Seconds since the last delivery while the port consumes and holds none (None:
+        not consuming, closed, stopped, or deliveries in hand: its task is busy)."""
+        if self._channel is None or self._closed or self.cancelled is not None:
+            return None
+        if self._entries or self._held:
+            return None
+        return time.monotonic() - self._heard
+
+    @property
+    def channel(self) -> AbstractChannel | None:
+        """The channel it consumes on (None before ``begin`` and after ``close``)."""
+        return self._channel
+
+    async def consume_anew(self) -> None:
+        """Cancel its consumer and consume the queue again (to the back of its consumers)."""
+        channel = self._channel
+        if channel is not None:
+            await self._consume_anew(channel)
+
+    async def _consume_anew(self, channel: AbstractChannel) -> None:
+        tag = self._consumer_tag
+        try:
+            if tag is not None:
+                underlay = await channel.get_underlay_channel()
+                await underlay.basic_cancel(tag)
+            if self.closed():
+                return
+            await self._consume(channel)
+        except Exception as exc:
+            log.warning("%s: consuming %s anew failed: %r", self.name, self.queue, exc)
 
     # the consumer --------------------------------------------------------------------
     async def _consume(self, channel: AbstractChannel) -> None:
@@ -296,6 +336,7 @@ class RabbitPartitionPort:
             return
         if life is not self._life:
             self._new_life(life)
+        self._heard = time.monotonic()
         if message.redelivered:
             self.redelivered += 1
         if self._awaiting is not None:

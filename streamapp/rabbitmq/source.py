@@ -47,10 +47,12 @@ from ..settings import Settings
 from ..tables.store import Store, rocks_opener
 from ..topics import TopicSpec
 from .connection import connect, safe_url, with_startup_retry
-from .members import Membership, Partitions, RabbitMembership
+from .members import RabbitMembership
+from .membership import Membership, Partitions
 from .pinned import StaticMembership
 from .port import RabbitPartitionPort
 from .sink import RabbitSink
+from .stalled import StalledPartitions
 from .topology import chain_queue_counts, check_topology, queue_name
 
 log = logging.getLogger("streamapp.rabbitmq")
@@ -99,6 +101,8 @@ class RabbitSource:
             locate=self.assignment.read_store,
             on_fatal=self._fail,
         )
+        self.stalls = StalledPartitions(lambda: self.ports)
+        self.assignment.stalled = self.stalls.stalled
         self._connection: AbstractRobustConnection | None = None
         self._failed: asyncio.Future[None] | None = None
         self._stopping = False
@@ -135,6 +139,7 @@ class RabbitSource:
             self.assignment.directory = group
             self.membership = group
         await self.membership.start(self._acquire, self._release)
+        self.stalls.start()
         self._settled()
 
     def _connection_lost(self, _: object, exc: BaseException | None = None) -> None:
@@ -158,6 +163,7 @@ class RabbitSource:
         close; what was not acked goes back to the queues."""
         self.assignment.rebalancing = True
         self._stopping = True
+        await self.stalls.stop()
         if self.membership is not None:
             await self.membership.stop()
         await self._release(list(self.assignment.tasks))

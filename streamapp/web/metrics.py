@@ -305,6 +305,13 @@ class _AssignmentCollector(Collector):
         for phase, n in counts.items():
             phases.add_metric([phase], float(n))
         yield phases
+        stalled = GaugeMetricFamily(
+            "streamapp_stalled_partitions",
+            "Live partitions with deliveries waiting that get none (RabbitMQ: the broker "
+            "gives the queue to another consumer).",
+        )
+        stalled.add_metric([], float(assignment.stalled_count()))
+        yield stalled
         yield lag
         yield sizes
 

@@ -50,7 +50,7 @@ async def test_a_worker_cut_off_from_kafka_stops_answering_as_owner_and_fences_n
     cut_gid = cut_group()
     ns = f"lease{uuid.uuid4().hex[:6]}-"
     create_topics(kafka_bootstrap, ns)
-    events, expected = order_events(n_orders=300, n_events=int(RATE * 85))
+    events, expected = order_events(n_orders=300, n_events=int(RATE * (CUT_S + 25)))
     keys = sorted(expected)
     env = {
         "STREAMAPP_SESSION_TIMEOUT_MS": str(int(SESSION_TIMEOUT_S * 1000)),

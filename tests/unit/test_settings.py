@@ -318,3 +318,30 @@ def test_owner_lease_is_refused_unless_below_the_session_timeout(
     with pytest.raises(ConfigError, match="STREAMAPP_OWNER_LEASE_S") as info:
         Settings("a", **changes)  # type: ignore[arg-type]
     assert why in str(info.value)
+
+
+def test_amqp_heartbeat_defaults_low_and_reads_the_environment() -> None:
+    assert Settings("a").amqp_heartbeat_s == 3  # the client's own default is 60 s
+    env = {"STREAMAPP_AMQP_HEARTBEAT_S": "4"}
+    assert Settings.from_env("a", env).amqp_heartbeat_s == 4
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"amqp_heartbeat_s": 0}, "must be positive"),
+        ({"amqp_heartbeat_s": 70_000}, "at most 65535"),
+        ({"amqp_url": "amqp://guest:guest@127.0.0.1:5672/?heartbeat=30"}, "heartbeat=30"),
+    ],
+)
+def test_amqp_heartbeat_is_refused_when_out_of_range_or_said_twice(
+    changes: dict[str, object], why: str
+) -> None:
+    with pytest.raises(ConfigError, match="STREAMAPP_AMQP_HEARTBEAT_S") as info:
+        Settings("a", **changes)  # type: ignore[arg-type]
+    assert why in str(info.value)
+
+
+def test_an_amqp_url_heartbeat_equal_to_the_setting_is_taken() -> None:
+    url = "amqp://guest:guest@127.0.0.1:5672/?heartbeat=7"
+    assert Settings("a", amqp_url=url, amqp_heartbeat_s=7).amqp_heartbeat_s == 7
