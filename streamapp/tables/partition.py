@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..topics import TopicSpec
+from .base import Changes, Store
 from .checkpoint import Checkpoint, new_mark
-from .store import Changes, Store
 from .table import Table, TableView
 
 META = "meta"

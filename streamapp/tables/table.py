@@ -18,7 +18,7 @@ import orjson
 from ..errors import ForeignKeyError
 from ..partitioner import Partitioner, partition_for
 from ..topics import TopicSpec
-from .store import Store
+from .base import Store
 
 V = TypeVar("V")
 _MISSING: Any = object()
