@@ -272,6 +272,11 @@ class SqliteEventStore(SqlEventStore):
         """The lock (a file lock next to the store) and checkpoint of forwarder ``name``."""
         return SqliteForwarderState(self, name)
 
+    async def with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` run in the store's thread, one call at a time with every
+        other of this store (its forwarder state's reads and writes)."""
+        return await self._run(fn, self._conn)
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         async with self._lock:
             return await asyncio.to_thread(fn, *args)
