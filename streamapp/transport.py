@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from .engine.interfaces import RelayGauges, SinkMetrics, TaskMetrics
 from .errors import ConfigError
 from .outcomes import Retry
+from .retirement import StoreLedger
 
 if TYPE_CHECKING:
     from .app import App
@@ -200,6 +201,42 @@ class Transport(Protocol):
     ) -> HeldReader:
         """A parking or dead-letter topic read back once (``streamapp parked replay``);
         ReplayError when this broker has no such topics."""
+
+
+class NoChangelogTransport:
+    """The base of the transports without topics of their own for tables (RabbitMQ, the
+    event store alone): no changelog topics (tables restore through the event-store
+    replay), the ledger of table versions in the event store, a sink that connects at
+    its start, no views directory beside the source. A subclass gives the rest of
+    :class:`Transport`."""
+
+    title: str
+    """How messages name it (``RabbitMQ``)."""
+
+    async def connect_sink(self, settings: Settings, sink: Sink) -> None:
+        await sink.start()  # the sink retries its own connection at start-up
+
+    def make_directory(
+        self, ctx: WorkerContext, source: LiveSource, sink: Sink | None
+    ) -> MembersDirectory | None:
+        return None  # the source's own membership (or one worker): nothing else to ask
+
+    async def recreate_changelogs(
+        self, settings: Settings, topics: list[TopicPlan]
+    ) -> dict[str, bool]:
+        raise AssertionError(f"{self.title} has no changelog topics")
+
+    def refusal_hint(self, settings: Settings) -> str | None:
+        return None
+
+    async def open_ledger(self, app: App, settings: Settings) -> LedgerBackend:
+        return await StoreLedger.open(settings.event_store, app.id)
+
+    async def delete_topics(self, settings: Settings, names: list[str]) -> dict[str, bool]:
+        return {}
+
+    async def existing_topics(self, settings: Settings, names: list[str]) -> set[str]:
+        return set()
 
 
 MODULES = {

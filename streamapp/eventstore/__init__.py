@@ -1,20 +1,19 @@
 """The event store: CloudEvents appended per stream with optimistic concurrency, read in
 one global order. SQLite (one file) is the embedded default; PostgreSQL the shared one.
 
-``store = await open_store(settings.event_store)``; see :mod:`.base` for the interface.
+``store = await open_store(settings.event_store)``; see :mod:`.base` for the interface,
+:mod:`.model` for its values.
 """
 
 from __future__ import annotations
 
 from ..errors import ConcurrencyError, DuplicateEventError, InvalidEventError
 from ..storeurl import StoreUrl, parse_url
-from .base import (
+from .base import EventStore, EventStoreBackend, ForwarderState
+from .model import (
     Append,
     AppendResult,
     BatchResult,
-    EventStore,
-    EventStoreBackend,
-    ForwarderState,
     OnDuplicate,
     ParkedRecord,
     Resent,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ..codecs.structured import from_json
 from ..errors import DecodeError
-from .base import Append, EventStoreBackend, OnDuplicate
+from .base import EventStoreBackend
+from .model import Append, OnDuplicate
 
 
 @dataclass(frozen=True, slots=True)

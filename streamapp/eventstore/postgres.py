@@ -39,16 +39,12 @@ from datetime import UTC
 from typing import Any
 
 from ..errors import ConfigError
-from ..events import Event
 from ..storeurl import SETTING
-from .base import (
-    LIVE_OFFSET_SQL,
+from .append import EventKey, SqlEventStore, event_keys, plan_batch
+from .model import (
     PENDING,
-    STORED_TWICE_SQL,
     Append,
-    AppendResult,
     BatchResult,
-    EventKey,
     OnDuplicate,
     ParkedRecord,
     Resent,
@@ -56,10 +52,8 @@ from .base import (
     StoredRow,
     decode_headers,
     encode_headers,
-    event_keys,
-    log_indexed,
-    plan_batch,
 )
+from .sql import LIVE_OFFSET_SQL, STORED_TWICE_SQL, log_indexed
 
 try:
     import psycopg
@@ -143,7 +137,7 @@ _INSERTED = _COLUMNS + ", source, event_id"
 Hook = Callable[[], Awaitable[None]]
 
 
-class PostgresEventStore:
+class PostgresEventStore(SqlEventStore):
     """The event store in PostgreSQL. Open with :meth:`open` (or ``open_store``).
 
     ``before_commit`` (tests only) runs inside every append transaction, after the
@@ -181,23 +175,6 @@ class PostgresEventStore:
             await session.close()
             raise
         return cls(url, session, before_commit)
-
-    async def __aenter__(self) -> PostgresEventStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def append(
-        self,
-        stream_id: str,
-        events: Sequence[Event],
-        expected_version: int | None = None,
-        *,
-        on_duplicate: OnDuplicate = "skip",
-    ) -> AppendResult:
-        appends = [Append(stream_id, events, expected_version)]
-        return (await self.append_many(appends, on_duplicate=on_duplicate)).one()
 
     async def append_many(
         self, appends: Sequence[Append], *, on_duplicate: OnDuplicate = "skip"
@@ -284,7 +261,7 @@ class PostgresEventStore:
 
     async def live_offset(self, topic: str, partition: int, position: int) -> int | None:
         """The first offset of ``topic[partition]`` that may carry a position >= ``position``
-        (see :func:`streamapp.eventstore.base.LIVE_OFFSET_SQL`); None: no mark yet."""
+        (see :data:`streamapp.eventstore.sql.LIVE_OFFSET_SQL`); None: no mark yet."""
 
         sql = LIVE_OFFSET_SQL.replace("?", "%s")
         rows = await self._rows(sql, (topic, partition, position), "reading the forwarder marks")

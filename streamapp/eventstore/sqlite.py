@@ -27,15 +27,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
-from ..events import Event
 from ..storeurl import SETTING, parse_url
-from .base import (
-    LIVE_OFFSET_SQL,
+from .append import EventKey, SqlEventStore, event_keys, plan_batch
+from .base import worker_locked
+from .model import (
     PENDING,
     Append,
-    AppendResult,
     BatchResult,
-    EventKey,
     OnDuplicate,
     ParkedRecord,
     Resent,
@@ -43,10 +41,8 @@ from .base import (
     StoredRow,
     decode_headers,
     encode_headers,
-    event_keys,
-    plan_batch,
-    worker_locked,
 )
+from .sql import LIVE_OFFSET_SQL
 from .sqlite_forwarder import SqliteForwarderState
 from .sqlite_schema import connect
 
@@ -58,7 +54,7 @@ _VERSIONS_CHUNK = 500  # stream ids per IN (...) query, well below SQLite's vari
 _make = StoredEvent._make
 
 
-class SqliteEventStore:
+class SqliteEventStore(SqlEventStore):
     """The event store in one SQLite file. Open with :meth:`open` (or ``open_store``)."""
 
     def __init__(self, url: str, conn: sqlite3.Connection, path: Path) -> None:
@@ -87,23 +83,6 @@ class SqliteEventStore:
             )
         conn = await asyncio.to_thread(connect, path, busy_timeout_s, url, parsed.create)
         return cls(url, conn, path)
-
-    async def __aenter__(self) -> SqliteEventStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def append(
-        self,
-        stream_id: str,
-        events: Sequence[Event],
-        expected_version: int | None = None,
-        *,
-        on_duplicate: OnDuplicate = "skip",
-    ) -> AppendResult:
-        appends = [Append(stream_id, events, expected_version)]
-        return (await self.append_many(appends, on_duplicate=on_duplicate)).one()
 
     async def append_many(
         self, appends: Sequence[Append], *, on_duplicate: OnDuplicate = "skip"
@@ -149,7 +128,7 @@ class SqliteEventStore:
 
     async def live_offset(self, topic: str, partition: int, position: int) -> int | None:
         """The first offset of ``topic[partition]`` that may carry a position >= ``position``
-        (see :data:`streamapp.eventstore.base.LIVE_OFFSET_SQL`); None: no mark yet."""
+        (see :data:`streamapp.eventstore.sql.LIVE_OFFSET_SQL`); None: no mark yet."""
 
         def find() -> int | None:
             row = self._conn.execute(LIVE_OFFSET_SQL, (topic, partition, position)).fetchone()
@@ -292,6 +271,11 @@ class SqliteEventStore:
     def forwarder_state(self, name: str) -> SqliteForwarderState:
         """The lock (a file lock next to the store) and checkpoint of forwarder ``name``."""
         return SqliteForwarderState(self, name)
+
+    async def with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` run in the store's thread, one call at a time with every
+        other of this store (its forwarder state's reads and writes)."""
+        return await self._run(fn, self._conn)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         async with self._lock:

@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
@@ -60,18 +61,17 @@ class SqliteForwarderState:
             os.close(fd)  # releases the lock
 
     async def load(self) -> int:
-        def load() -> int:
-            row = self.store._conn.execute(
+        def load(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
                 "SELECT next_position FROM streamapp_forwarder_checkpoints WHERE name = ?",
                 (self.name,),
             ).fetchone()
             return 1 if row is None else int(row[0])
 
-        return await self.store._run(load)
+        return await self.store.with_connection(load)
 
     async def save(self, next_position: int, offsets: Sequence[tuple[str, int, int, int]]) -> None:
-        def save() -> None:
-            conn = self.store._conn
+        def save(conn: sqlite3.Connection) -> None:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.execute(
@@ -89,4 +89,4 @@ class SqliteForwarderState:
                 conn.execute("ROLLBACK")
                 raise
 
-        await self.store._run(save)
+        await self.store.with_connection(save)

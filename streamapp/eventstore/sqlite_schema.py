@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..storeurl import SETTING
-from .base import STORED_TWICE_SQL, log_indexed
+from .sql import STORED_TWICE_SQL, log_indexed
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS streamapp_events (

@@ -236,6 +236,23 @@ class KafkaRelay:
         except KafkaError as exc:  # moved to another relay: it republishes them again
             log.info("relay: commit of %s skipped (%r); at least once", tp, exc)
 
+    def revoked(self, revoked: set[TopicPartition]) -> None:
+        """Forget ``revoked`` (the rebalance listener's): their windows, pauses, commits
+        and positions; the next owner reads the copies again from the commit."""
+        for tp in revoked:
+            self.windows.pop(tp, None)
+            self._full.discard(tp)
+            self._committed.pop(tp, None)
+            self._next.pop(tp, None)
+
+    def assigned(self, assigned: set[TopicPartition]) -> None:
+        """Keep only what belongs to ``assigned`` (the rebalance listener's)."""
+        for tp in list(self.windows):
+            if tp not in assigned:
+                self.windows.pop(tp, None)
+                self._committed.pop(tp, None)
+        self._full &= assigned
+
     def _quietly(self, call: object, *args: object) -> None:
         try:
             call(*args)  # type: ignore[operator]
@@ -250,15 +267,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.relay = relay
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        for tp in revoked:
-            self.relay.windows.pop(tp, None)
-            self.relay._full.discard(tp)
-            self.relay._committed.pop(tp, None)
-            self.relay._next.pop(tp, None)
+        self.relay.revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        for tp in list(self.relay.windows):
-            if tp not in assigned:
-                self.relay.windows.pop(tp, None)
-                self.relay._committed.pop(tp, None)
-        self.relay._full &= assigned
+        self.relay.assigned(assigned)

@@ -279,6 +279,25 @@ class KafkaSource:
             agents, p, port, name=name, open_store=open_store, transaction=transaction
         )
 
+    async def revoked(self, revoked: set[TopicPartition]) -> None:
+        """The group took ``revoked`` away (the rebalance listener's first half): the
+        rebalance starts, the lease ends, their tasks are suspended, kept open."""
+        self.assignment.rebalancing = True
+        self.generation = None
+        self.lease.end()
+        await self._release(revoked, keep=True)
+
+    async def assigned(self, assigned: set[TopicPartition]) -> None:
+        """The group gave ``assigned`` (the rebalance listener's second half): the lease
+        begins with the new generation, their tasks start (or go on), the rest close."""
+        generation = current_generation(self._consumer)  # before any await
+        if generation is not None:  # the assignment confirms it (the group's SyncGroup)
+            self.lease.begin(generation, time.monotonic())
+        self._acquire(assigned)  # kept tasks it hands back go on from where they were
+        await self._close_suspended()
+        self.generation = generation
+        self.assignment.rebalancing = False
+
     async def _release(
         self, revoked: Iterable[tuple[str, int] | TopicPartition], *, keep: bool = False
     ) -> None:
@@ -323,19 +342,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.source = source
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.source.assignment.rebalancing = True
-        self.source.generation = None
-        self.source.lease.end()
-        await self.source._release(revoked, keep=True)
+        await self.source.revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        generation = current_generation(self.source._consumer)  # before any await
-        if generation is not None:  # the assignment confirms it (the group's SyncGroup)
-            self.source.lease.begin(generation, time.monotonic())
-        self.source._acquire(assigned)  # kept tasks it hands back go on from where they were
-        await self.source._close_suspended()
-        self.source.generation = generation
-        self.source.assignment.rebalancing = False
+        await self.source.assigned(assigned)
 
 
 def current_generation(consumer: AIOKafkaConsumer) -> Generation | None:

@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..codecs import amqp as codec
-from ..retirement import StoreLedger
-from ..transport import Capabilities, TopologyRow, Transport
+from ..transport import Capabilities, NoChangelogTransport, TopologyRow, Transport
 from .connection import connect, with_startup_retry
 from .parked import RabbitHeldReader
 from .probe import running_workers
@@ -25,10 +24,9 @@ if TYPE_CHECKING:
     from ..eventstore.base import EventStoreBackend
     from ..forwarder import Encoder
     from ..republish import HeldReader, Offsets
-    from ..retirement import LedgerBackend
     from ..settings import Settings
     from ..topics import TopicPlan
-    from ..transport import MembersDirectory, Relay, WorkerContext
+    from ..transport import Relay, WorkerContext
 
 NO_GROUP_BY = (
     "a RabbitMQ partition with tables restores through the event-store replay, which is "
@@ -37,7 +35,7 @@ NO_GROUP_BY = (
 )
 
 
-class RabbitTransport:
+class RabbitTransport(NoChangelogTransport):
     """The :class:`~streamapp.transport.Transport` of RabbitMQ."""
 
     name = "rabbitmq"
@@ -59,9 +57,6 @@ class RabbitTransport:
 
     def make_sink(self, app: App, settings: Settings, metrics: SinkMetrics) -> Sink | None:
         return RabbitSink(settings, _partitions(app, settings), metrics=metrics, topics=app.topics)
-
-    async def connect_sink(self, settings: Settings, sink: Sink) -> None:
-        await sink.start()  # the sink retries its own connection at start-up
 
     async def check_topology(self, app: App, settings: Settings, app_ref: str) -> None:
         async def check() -> None:
@@ -102,11 +97,6 @@ class RabbitTransport:
             metrics=ctx.metrics,
         )
 
-    def make_directory(
-        self, ctx: WorkerContext, source: LiveSource, sink: Sink | None
-    ) -> MembersDirectory | None:
-        return None  # the membership protocol of the source is the directory
-
     def make_relay(
         self, ctx: WorkerContext, sink: Sink | None, relayed: list[TopicPlan]
     ) -> Relay | None:
@@ -121,23 +111,6 @@ class RabbitTransport:
 
     async def running_workers(self, app: App, settings: Settings) -> list[str]:
         return await running_workers(app, settings)
-
-    async def recreate_changelogs(
-        self, settings: Settings, topics: list[TopicPlan]
-    ) -> dict[str, bool]:
-        raise AssertionError("RabbitMQ has no changelog topics")
-
-    def refusal_hint(self, settings: Settings) -> str | None:
-        return None
-
-    async def open_ledger(self, app: App, settings: Settings) -> LedgerBackend:
-        return await StoreLedger.open(settings.event_store, app.id)
-
-    async def delete_topics(self, settings: Settings, names: list[str]) -> dict[str, bool]:
-        return {}
-
-    async def existing_topics(self, settings: Settings, names: list[str]) -> set[str]:
-        return set()
 
     def held_reader(
         self, settings: Settings, topic: str, start: Offsets, until: Offsets, *, dry_run: bool

@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import ReplayError
-from ..retirement import StoreLedger
-from ..transport import Capabilities, TopologyRow, Transport
+from ..transport import Capabilities, NoChangelogTransport, TopologyRow, Transport
 from .source import StoreSource
 
 if TYPE_CHECKING:
@@ -19,13 +18,12 @@ if TYPE_CHECKING:
     from ..eventstore.base import EventStoreBackend
     from ..forwarder import Encoder
     from ..republish import HeldReader, Offsets
-    from ..retirement import LedgerBackend
     from ..settings import Settings
     from ..topics import TopicPlan
-    from ..transport import MembersDirectory, Relay, WorkerContext
+    from ..transport import Relay, WorkerContext
 
 
-class StoreOnlyTransport:
+class StoreOnlyTransport(NoChangelogTransport):
     """The :class:`~streamapp.transport.Transport` of the event store alone."""
 
     name = "none"
@@ -48,9 +46,6 @@ class StoreOnlyTransport:
     def make_sink(self, app: App, settings: Settings, metrics: SinkMetrics) -> Sink | None:
         return None
 
-    async def connect_sink(self, settings: Settings, sink: Sink) -> None:
-        await sink.start()
-
     async def check_topology(self, app: App, settings: Settings, app_ref: str) -> None:
         return None  # no broker, nothing to check
 
@@ -70,11 +65,6 @@ class StoreOnlyTransport:
             ctx.app, ctx.settings, feed, store.worker_lock(ctx.app.id), metrics=ctx.metrics
         )
 
-    def make_directory(
-        self, ctx: WorkerContext, source: LiveSource, sink: Sink | None
-    ) -> MembersDirectory | None:
-        return None  # one worker owns every partition: nothing to forward to
-
     def make_relay(
         self, ctx: WorkerContext, sink: Sink | None, relayed: list[TopicPlan]
     ) -> Relay | None:
@@ -87,23 +77,6 @@ class StoreOnlyTransport:
 
     async def running_workers(self, app: App, settings: Settings) -> list[str]:
         return []  # the reset holds the store's worker lock instead
-
-    async def recreate_changelogs(
-        self, settings: Settings, topics: list[TopicPlan]
-    ) -> dict[str, bool]:
-        raise AssertionError("STREAMAPP_BROKER=none has no changelog topics")
-
-    def refusal_hint(self, settings: Settings) -> str | None:
-        return None
-
-    async def open_ledger(self, app: App, settings: Settings) -> LedgerBackend:
-        return await StoreLedger.open(settings.event_store, app.id)
-
-    async def delete_topics(self, settings: Settings, names: list[str]) -> dict[str, bool]:
-        return {}
-
-    async def existing_topics(self, settings: Settings, names: list[str]) -> set[str]:
-        return set()
 
     def held_reader(
         self, settings: Settings, topic: str, start: Offsets, until: Offsets, *, dry_run: bool

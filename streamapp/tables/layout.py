@@ -1,6 +1,6 @@
 """Where an app's table stores live under a data directory, and who holds them open.
 
-The layout is the one :func:`streamapp.tables.store.rocks_opener` opens:
+The layout is the one :func:`streamapp.tables.rocksdb.store.rocks_opener` opens:
 ``{data_dir}/{app_id}/{agent}/{partition}/``, one RocksDB directory per partition of an
 agent with tables. A process with a store open holds a POSIX lock on its ``LOCK`` file
 (RocksDB's ``fcntl(F_SETLK)``), which :func:`lock_holders` reads from ``/proc/locks``

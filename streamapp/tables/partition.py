@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..topics import TopicSpec
+from .base import Changes, Store
 from .checkpoint import Checkpoint, new_mark
-from .store import Changes, Store
 from .table import Table, TableView
 
 META = "meta"
@@ -100,14 +100,14 @@ class PartitionTables:
 
     def commit_event(self) -> None:
         for view in self.views:
-            view._commit_event()
+            view.commit_event()
         if self._vevent:
             self._vbatch.update(self._vevent)
             self._vevent.clear()
 
     def rollback_event(self) -> None:
         for view in self.views:
-            view._rollback_event()
+            view.rollback_event()
         self._vevent.clear()
 
     def take_batch(self, checkpoint: Checkpoint) -> BatchChanges:
@@ -115,7 +115,7 @@ class PartitionTables:
         overlays are emptied)."""
         versions = {sid.encode(): version for sid, version in self._vbatch.items()}
         self._vbatch = {}
-        data = {view.table.label: view._take_batch() for view in self.views}
+        data = {view.table.label: view.take_batch() for view in self.views}
         checkpoint = checkpoint.advanced(mark=new_mark())
         return BatchChanges(data=data, versions=versions, checkpoint=checkpoint)
 
@@ -124,8 +124,8 @@ class PartitionTables:
         self._vbatch.clear()
         self._vevent.clear()
         for view in self.views:
-            view._take_batch()
-            view._rollback_event()
+            view.take_batch()
+            view.rollback_event()
 
     def store_changes(self, batch: BatchChanges, checkpoint: Checkpoint) -> Changes:
         """The atomic store write for ``batch`` with ``checkpoint``."""

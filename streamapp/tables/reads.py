@@ -21,7 +21,7 @@ from typing import Any, Generic
 
 from ..errors import StoreClosedError, StoreError, TableUnavailableError
 from ..topics import TopicSpec
-from .store import Store
+from .base import Store
 from .table import Table, V, foreign_key, scan
 
 Locator = Callable[[Table[Any], int], Store]

@@ -18,7 +18,7 @@ import orjson
 from ..errors import ForeignKeyError
 from ..partitioner import Partitioner, partition_for
 from ..topics import TopicSpec
-from .store import Store
+from .base import Store
 
 V = TypeVar("V")
 _MISSING: Any = object()
@@ -303,12 +303,15 @@ class TableView(Generic[V]):
             return self._read(key)
         return raw
 
-    # The partition runner drives the layers:
-    def _commit_event(self) -> None:
+    # The partition's runner drives the layers (PartitionTables), never a handler:
+    def commit_event(self) -> None:
+        """Keep the current event's writes in the open batch (the runner's, after a
+        handler returned)."""
         if self._undo:
             self._undo.clear()
 
-    def _rollback_event(self) -> None:
+    def rollback_event(self) -> None:
+        """Undo the current event's writes (the runner's, after a handler raised)."""
         undo, batch = self._undo, self._batch
         while undo:
             key, replaced = undo.pop()
@@ -317,7 +320,9 @@ class TableView(Generic[V]):
             else:
                 batch[key] = replaced
 
-    def _take_batch(self) -> dict[bytes, bytes | None]:
+    def take_batch(self) -> dict[bytes, bytes | None]:
+        """The open batch's changes, the overlay emptied (the runner's, at a commit); an
+        open event's writes stay open, out of what is taken."""
         changes, self._batch = self._batch, {}
         undo, self._undo = self._undo, []
         if undo:  # an event is open: its writes stay open, and out of the batch taken

@@ -3,40 +3,45 @@ which worker owns each partition (this one's with their phases)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from ..engine.assignment import Assignment
 from ..engine.served import phase_of
-from ..tables.table import Table
+from .endpoint import TableEndpoint
 from .responses import json_response
 from .routes import VersionRoutes
 
-Handler = Callable[[web.Request], Awaitable[web.Response]]
 
+class ListingEndpoint(TableEndpoint):
+    """``GET /tables``: every table this worker's code declares or the group knows."""
 
-def listing(
-    assignment: Assignment,
-    routes: VersionRoutes,
-    table_names: list[str],
-    route: Callable[[str, int], Table[Any]],
-    history: Callable[[], dict[str, object]] | None,
-) -> Handler:
-    """The handler of ``GET /tables``: ``table_names`` are the tables this worker's code
-    declares, ``route(name, version)`` the local table whose topic routes that version."""
+    history: Callable[[], dict[str, object]] | None
+    """The event store's reader status (its ``head``: how far a building version has
+    to go), None without a history."""
 
-    async def list_tables(request: web.Request) -> web.Response:
-        states, known = routes.states()
-        head = (history() if history is not None else {}).get("head")
+    def __init__(
+        self,
+        assignment: Assignment,
+        routes: VersionRoutes,
+        history: Callable[[], dict[str, object]] | None,
+    ) -> None:
+        super().__init__(assignment, routes)
+        self.history = history
+
+    async def get(self, request: web.Request) -> web.Response:
+        assignment = self.assignment
+        states, known = self.routes.states()
+        head = (self.history() if self.history is not None else {}).get("head")
         out = []
-        for name in sorted(set(table_names) | set(states)):
+        for name in sorted(set(self.names) | set(states)):
             table_states = states.get(name)
             active = None if table_states is None else table_states.active
             entry: dict[str, Any] = {"name": name, "active": active}
-            if name in table_names:
-                table = route(name, active or 0)
+            if name in self.lowest:
+                table = self.route(name, active or 0)
                 agent, _ = assignment.app.tables[table.label]
                 owned = {
                     str(p): phase_of(task, table).value
@@ -64,5 +69,3 @@ def listing(
         return json_response(
             {"rebalancing": assignment.rebalancing, "directory_read": known, "tables": out}
         )
-
-    return list_tables

@@ -8,8 +8,10 @@ from typing import Any
 import msgspec
 
 from ..tables.table import Table
+from .endpoint import MAX_KEY_BYTES
 from .responses import VERSION_HEADER
-from .tables import MAX_KEY_BYTES, MIN_VERSION_WAIT_S, SCAN_LIMIT, SCAN_LIMIT_MAX
+from .scan import SCAN_LIMIT, SCAN_LIMIT_MAX
+from .tables import MIN_VERSION_WAIT_S
 
 TABLE_VERSION = {
     VERSION_HEADER: {

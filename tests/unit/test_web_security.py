@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from streamapp import App
 from streamapp.errors import ConfigError
 from streamapp.settings import Settings
-from streamapp.web import tables as web_tables
+from streamapp.web import scan as web_scan
 from streamapp.web.views import make_app
 from tests.support.webworld import World, order, orders_app
 
@@ -69,7 +69,7 @@ async def test_every_error_is_json_without_a_traceback(
         def broken(*args: object, **kwargs: object) -> None:
             raise RuntimeError("kaboom inside")
 
-        monkeypatch.setattr(web_tables, "scan", broken)
+        monkeypatch.setattr(web_scan, "scan", broken)
         r = await client.get("/tables/order_status")
         assert r.status == 500
         text = await r.text()

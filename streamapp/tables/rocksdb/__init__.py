@@ -1,0 +1,1 @@
+"""The RocksDB driver of the table Store (:mod:`.store`)."""
