@@ -400,6 +400,7 @@ def test_make_test_and_the_other_make_targets() -> None:
     assert ".venv/bin/python -m pytest tests " in script  # tests/unit among them
 
 
+@pytest.mark.acceptance  # .ci/run also runs make demo itself, before make test
 @pytest.mark.timeout(900)
 def test_make_demo(kafka_bootstrap: str) -> None:
     """``make demo`` on the shared Kafka: exit 0, every demo order printed with all its

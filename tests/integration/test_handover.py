@@ -45,7 +45,9 @@ from .harness import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+# PostgreSQL's catch-up runs in make acceptance (two cores: make test keeps SQLite's;
+# test_pg_restart.py catches a Kafka worker up from PostgreSQL through a restart)
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.acceptance)])
 async def store_url(
     request: pytest.FixtureRequest, tmp_path: Path, pg_url_factory: PgUrlFactory
 ) -> AsyncIterator[str]:
