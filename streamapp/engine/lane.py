@@ -54,6 +54,7 @@ from ..tables.partition import PartitionTables
 from .attempts import Attempts
 from .blocking import HandlerThread
 from .delivery import Decoder, Parker, decode_delivery
+from .hold import behind, holds_streams
 from .interfaces import TaskMetrics
 from .metrics import NO_METRICS
 from .phase import Phase
@@ -259,6 +260,7 @@ async def _run(
     unversioned = [0] * len(lanes)
     spent = [0.0] * len(lanes)
     doing: dict[Any, Any] = DOING if task is not None else {}
+    holding_of = [holds_streams(lane) for lane in lanes]
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
@@ -279,6 +281,17 @@ async def _run(
                 continue
             if item is None:
                 item = decode_delivery(decode, record)
+            holding = holding_of[k]
+            if holding is not None:
+                parked = await behind(lane, holding, record, item, metrics)
+                if parked is not None:
+                    counts[k][Outcome.HELD] = counts[k].get(Outcome.HELD, 0) + 1
+                    if parked:
+                        reached[k] = position + 1
+                    else:
+                        lane.attempts.failed_at(position, "parking behind its held stream failed")
+                        run.failed.append(lane)
+                    continue
             doing[task] = (lane.name, record, item)  # what the stall watch names
             started = time.perf_counter()
             handled = await handle(
@@ -332,6 +345,7 @@ async def _run_one(
         lane.agent, lane.tables, lane.views, lane.outbox, lane.send, lane.run
     )  # fmt: skip
     reached = run.reached[0]
+    holding = holds_streams(lane)
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
@@ -347,6 +361,17 @@ async def _run_one(
         if reached > position:
             continue  # settled already
         item = decode_delivery(decode, record)
+        if holding is not None:
+            parked = await behind(lane, holding, record, item, metrics)
+            if parked is not None:
+                counts[Outcome.HELD] = counts.get(Outcome.HELD, 0) + 1
+                if parked:
+                    reached = position + 1
+                    continue
+                lane.attempts.failed_at(position, "parking behind its held stream failed")
+                run.failed.append(lane)
+                run.stop = position
+                break
         doing[task] = (lane.name, record, item)  # what the stall watch names
         handled = await handle(agent, item, tables, views, outbox, send, runner)
         if handled is DELIVERED or handled is UNVERSIONED:

@@ -49,6 +49,7 @@ from ..events import Event
 from ..outcomes import Outcome, Redeliver
 from ..partitioner import Partitioner, partition_for
 from ..records import Delivery, DeliveryRecord, Message, Receipt
+from ..tables.held import HeldStream
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
 from ..topics import TopicRole, relayed
@@ -297,6 +298,16 @@ class MemoryBroker:
         """Read the committed state of table ``name`` across partitions."""
         agent, table = self.app.tables[name]
         return _TableReader(self, agent, table)
+
+    def held(self, agent: str) -> dict[str, HeldStream]:
+        """The streams ``agent`` holds (``Park(destination, hold="stream")``), committed,
+        by stream id, over every partition processed so far."""
+        out: dict[str, HeldStream] = {}
+        for task, _ in self._tasks.values():
+            for lane in task.lanes:
+                if lane.name == agent and lane.tables is not None:
+                    out.update(lane.tables.held_streams())
+        return out
 
     def pending(self, topic: str) -> int:
         """Records of ``topic`` not settled yet."""

@@ -1,0 +1,172 @@
+"""Park(destination, hold="stream"): a failed event holds its stream, not its partition."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamapp import App, Event, Outcome, Park, Redeliver, Table, TableView
+from streamapp.engine.hold import HELD_PLACE, HELD_STREAM
+from streamapp.errors import ConfigError
+from streamapp.memory import MemoryBroker
+from streamapp.outcomes import check_policy
+from streamapp.tables.changelog import RestoreChunk, records
+from streamapp.tables.held import HeldStream
+from streamapp.tables.partition import PartitionTables, spaces_for
+from streamapp.tables.store import MemoryStore
+
+
+def _bank(policy: Park | Redeliver) -> tuple[App, MemoryBroker]:
+    app = App("bank")
+    balances: Table[int] = Table("balances")
+
+    @app.agent(app.topic("tx", partitions=1), tables=[balances], on_failure=policy)
+    async def apply(event: Event, balance: TableView[int]) -> None:
+        if event.data.get("poison"):
+            raise ValueError(f"cannot apply {event.type}")
+        sid = event.stream_id
+        assert sid is not None
+        balance[sid] = balance.get(sid, 0) + int(event.data["amount"])
+
+    return app, MemoryBroker(app)
+
+
+def _send(
+    broker: MemoryBroker, stream: str, version: int, amount: int, poison: bool = False
+) -> None:
+    data = {"amount": amount, "poison": poison}
+    broker.send("tx", Event.create("moved", stream_id=stream, version=version, data=data))
+
+
+async def test_a_failed_event_holds_its_stream_and_parks_its_later_events_behind_in_order() -> None:
+    """Stream b fails at version 2: b stays at its last applied value, b's versions 3 and
+    4 are parked behind version 2 in order (marked with the stream and their place), and
+    streams a and c, before and after it in the partition, are exact."""
+    _, broker = _bank(Park("parked", hold="stream"))
+    for version in (1, 2, 3, 4):
+        for stream in ("a", "b", "c"):
+            _send(broker, stream, version, 10 * version, poison=(stream, version) == ("b", 2))
+    counts = await broker.process()
+    table = broker.table("balances")
+    assert (table["a"], table["b"], table["c"]) == (100, 10, 100)
+    assert counts[Outcome.FAILED] == 1
+    assert counts[Outcome.HELD] == 2
+    parked = broker.records("parked")
+    assert [dict(r.headers)["ce_streamversion"] for r in parked] == [b"2", b"3", b"4"]
+    assert [dict(r.headers)[HELD_STREAM] for r in parked] == [b"b"] * 3
+    assert [dict(r.headers)[HELD_PLACE] for r in parked] == [b"1", b"2", b"3"]
+    (held,) = broker.held("apply").values()
+    assert (held.stream, held.first, held.events, held.last) == ("b", 2, 3, 4)
+    assert "ValueError: cannot apply moved" in held.error
+
+
+async def test_without_hold_a_stream_goes_on_without_its_failed_event() -> None:
+    """Park(destination) stays as it was: the later events of the stream are applied."""
+    _, broker = _bank(Park("parked"))
+    for version in (1, 2, 3):
+        _send(broker, "b", version, 10 * version, poison=version == 2)
+    await broker.process()
+    assert broker.table("balances")["b"] == 40
+    assert len(broker.records("parked")) == 1
+
+
+async def test_a_bounded_redeliver_holds_the_stream_once_its_attempts_are_spent() -> None:
+    _, broker = _bank(Redeliver(max_attempts=2, fallback=Park("parked", hold="stream")))
+    for version in (1, 2, 3):
+        _send(broker, "b", version, 10 * version, poison=version == 2)
+    _send(broker, "a", 1, 5)
+    await broker.process()
+    assert (broker.table("balances")["b"], broker.table("balances")["a"]) == (10, 5)
+    assert [dict(r.headers)[HELD_PLACE] for r in broker.records("parked")] == [b"1", b"2"]
+
+
+async def test_a_redelivered_event_parked_already_is_not_parked_twice() -> None:
+    _, broker = _bank(Park("parked", hold="stream"))
+    for version in (1, 2, 3, 3):
+        _send(broker, "b", version, 10 * version, poison=version == 2)
+    await broker.process()
+    assert len(broker.records("parked")) == 2
+
+
+def test_a_hold_needs_the_agent_to_have_a_table() -> None:
+    app = App("t")
+    with pytest.raises(ConfigError, match="held stream is part of the agent's table state"):
+
+        @app.agent(app.topic("in"), on_failure=Park("p", hold="stream"))
+        async def nothing(event: Event) -> None:
+            pass
+
+
+def test_hold_is_stream_or_nothing() -> None:
+    with pytest.raises(ConfigError, match="give hold='stream'"):
+        check_policy(Park("p", hold="key"), "a")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="give hold='stream'"):
+        check_policy(Redeliver(max_attempts=1, fallback=Park("p", hold="all")), "a")  # type: ignore[arg-type]
+
+
+def test_holds_are_written_with_the_batch_and_restored_from_its_changelog_records() -> None:
+    """The hold travels in the batch: the store write and the changelog records carry
+    it, a restore from those records holds the stream again, a release removes it."""
+    table: Table[int] = Table("n")
+    store = MemoryStore(spaces_for([table]))
+    tables = PartitionTables([table], store, 0)
+    tables.hold(HeldStream("s", first=2, position=7, event="e2", error="boom"))
+    assert tables.holding
+    assert tables.committed_held("s") is None  # open batch only
+    batch = tables.take_batch(tables.checkpoint)
+    tables.write(batch)
+    assert tables.committed_held("s") == HeldStream("s", 2, 7, "e2", "boom")
+    assert PartitionTables([table], store, 0).held("s") is not None  # reopened: held
+
+    restored = PartitionTables([table], MemoryStore(spaces_for([table])), 0)
+    chunk = RestoreChunk(restored)
+    for key, value in records(batch):
+        chunk.apply(key, value)
+    chunk.write(restored, 1)
+    assert restored.held("s") == HeldStream("s", 2, 7, "e2", "boom")
+
+    restored.release("s")
+    released = restored.take_batch(restored.checkpoint)
+    restored.write(released)
+    assert not restored.holding
+    chunk = RestoreChunk(restored)
+    for key, value in [*records(batch), *records(released)]:
+        chunk.apply(key, value)
+    chunk.write(restored, 2)
+    assert restored.held("s") is None
+
+
+def test_a_dropped_batch_forgets_its_holds() -> None:
+    table: Table[int] = Table("n")
+    tables = PartitionTables([table], MemoryStore(spaces_for([table])), 0)
+    tables.hold(HeldStream("s", first=2, position=7, event="e2", error="boom"))
+    tables.drop_batch()
+    assert not tables.holding
+
+
+async def test_a_hold_is_its_lane_s_alone_when_two_agents_share_a_topic() -> None:
+    """Two agents of one topic: the one that holds parks stream b behind its failure;
+    the other, which did not fail, applies every event of b."""
+    app = App("two")
+    topic = app.topic("tx", partitions=1)
+    held: Table[int] = Table("held")
+    seen: Table[int] = Table("seen")
+
+    @app.agent(topic, tables=[held], on_failure=Park("parked", hold="stream"))
+    async def strict(event: Event, t: TableView[int]) -> None:
+        if event.data.get("poison"):
+            raise ValueError("poison")
+        t[event.stream_id or ""] = t.get(event.stream_id or "", 0) + 1
+
+    @app.agent(topic, tables=[seen])
+    async def count(event: Event, t: TableView[int]) -> None:
+        t[event.stream_id or ""] = t.get(event.stream_id or "", 0) + 1
+
+    broker = MemoryBroker(app)
+    for version in (1, 2, 3):
+        _send(broker, "b", version, 1, poison=version == 2)
+    _send(broker, "a", 1, 1)
+    await broker.process()
+    assert (broker.table("held")["b"], broker.table("held")["a"]) == (1, 1)
+    assert broker.table("seen")["b"] == 3
+    assert list(broker.held("strict")) == ["b"]
+    assert broker.held("count") == {}
