@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import DecodeError
@@ -126,3 +127,17 @@ def _marked(record: Delivery, stream: str, place: int) -> Delivery:
     return DeliveryRecord(
         record.topic, record.partition, record.position, record.key, record.value, headers
     )
+
+
+def held_counts(lanes: Iterable[Lane]) -> dict[str, tuple[int, int]]:
+    """Per agent of ``lanes`` that holds streams: its held streams and the events they
+    hold (committed state; agents that hold none are there with zeros)."""
+    out: dict[str, tuple[int, int]] = {}
+    for lane in lanes:
+        tables = holds_streams(lane)
+        if tables is None:
+            continue
+        held = tables.held_streams().values()
+        streams, events = out.get(lane.name, (0, 0))
+        out[lane.name] = (streams + len(held), events + sum(h.events for h in held))
+    return out

@@ -50,6 +50,7 @@ from ..tables.partition import PartitionTables
 from ..tables.table import Table, scan
 from .cursor import decode_cursor, encode_cursor
 from .forward import FORWARDED, ask_owner, forward
+from .held import held_answer
 from .listing import listing
 from .responses import (
     VERSION_HEADER,
@@ -298,6 +299,7 @@ def add_routes(
         }
         if stale is not None:
             headers[STALE_HEADER] = f"{stale:.1f}"
+        held_meta = held_answer(ptables, key, headers)  # a held stream says so
         if raw is None:
             resp = error(404, f"key {key!r} not found in table {table.label!r}")
             resp.headers.update(headers)
@@ -316,7 +318,8 @@ def add_routes(
                 "stream_version": stream_version,
                 "checkpoint": checkpoint,
                 "store_position": ptables.checkpoint.history,
-            },
+            }
+            | held_meta,
             200,
             **headers,
         )
@@ -448,11 +451,9 @@ def add_routes(
         if answer.status != 200 or answer.body is None:
             raise _Answer(answer, version)
         body = orjson.loads(answer.body)  # type: ignore[arg-type]
-        page: list[dict[str, Any]] = body["items"]
-        return page
+        return list(body["items"])
 
-    # the key lookup first: aiohttp tries the routes under /tables in this order (none
-    # of the three matches another's paths)
+    # the key lookup first: aiohttp tries these routes in order (no two match a path)
     app.router.add_get("/tables/{table}/{key}", get_key)
     app.router.add_get("/tables/{table}", scan_table)
     app.router.add_get("/tables", listing(assignment, routes, table_names, route, history))
