@@ -8,8 +8,8 @@ record as its producer sent it: the same key and value (the CloudEvent intact), 
 business and CloudEvent headers, without the retry chain's headers
 (:data:`streamapp.retry_chain.CHAIN`: a record that kept ``x-reconsume`` would count on
 from its old failures) and without streamapp's own ``streamapp-`` headers (the park
-reason, agent and source, the forwarder's store position), but for one:
-:data:`REPLAYED`, naming where it was held. The origin is the
+reason, agent and source, the forwarder's store position), but for
+:data:`REPLAYED`, naming where it was held, and a held stream's marks. The origin is the
 dead-letter copy's ``x-origin-topic``, else the topic of a parked copy's
 ``streamapp-source`` (``topic/partition/position``).
 
@@ -40,6 +40,12 @@ REPLAYED = "streamapp-replayed"
 ``parked row 12``): set on what a replay sends, so that an agent whose stream-version
 guard skips it although the table has not applied it can say so
 (:func:`streamapp.engine.settle.settle_failed`)."""
+HELD_STREAM = "streamapp-held-stream"
+"""On a parked copy of a held stream (``Park(destination, hold="stream")``): the stream
+id. Kept on what a replay sends back, so the lane that holds the stream takes the record
+as part of its release (:mod:`streamapp.engine.hold`)."""
+HELD_PLACE = "streamapp-held-place"
+"""On a parked copy of a held stream: its place in the hold (1: the event that failed)."""
 OWN_PREFIX = "streamapp-"
 
 
@@ -102,11 +108,13 @@ def parked_source(headers: Headers) -> tuple[str, int] | None:
 
 
 def stripped(headers: Headers) -> list[tuple[str, bytes]]:
-    """``headers`` without the chain's and streamapp's own (``streamapp-`` prefix)."""
+    """``headers`` without the chain's and streamapp's own (``streamapp-`` prefix), but
+    for the held stream's marks (:data:`HELD_STREAM`, :data:`HELD_PLACE`)."""
     return [
         (n, v)
         for n, v in headers
-        if n.lower() not in CHAIN and not n.lower().startswith(OWN_PREFIX)
+        if n.lower() not in CHAIN
+        and (not n.lower().startswith(OWN_PREFIX) or n.lower() in (HELD_STREAM, HELD_PLACE))
     ]
 
 

@@ -13,6 +13,15 @@ the delivery unsettled, as any park does: the partition redelivers it.
 An event at or below the stream version the table applied already is not parked: the
 stream-version guard skips it as before. A redelivery of an event parked behind already
 (its version at or below the hold's last) is settled without a second copy.
+
+**Release.** A replay (``streamapp parked replay``, ``streamapp store parked replay``)
+sends the parked copies back with their marks; the lane that holds the stream runs the
+one that is next in the stream (the hold's ``first``) through the handler, and the hold
+moves on to the next (stream versions are contiguous) until the last one held is
+applied: the stream is released. One that fails again holds the stream again from it;
+the copies sent back after it are parked again behind it, in order, not counted twice.
+A new live event of the stream during a release is parked behind the hold like any
+other, so it never overtakes a held one; the next replay sends it back after them.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from ..errors import DecodeError
 from ..events import Event
 from ..outcomes import parking
 from ..records import Delivery, DeliveryRecord
+from ..republish import HELD_PLACE, HELD_STREAM
+from ..retry_chain import header
 from ..tables.held import HeldStream
 from ..tables.partition import PartitionTables
 from .interfaces import TaskMetrics
@@ -35,10 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("streamapp.agent")
 
-HELD_STREAM = "streamapp-held-stream"
-"""On a parked copy of a held stream: the stream id."""
-HELD_PLACE = "streamapp-held-place"
-"""On a parked copy of a held stream: its place in the hold (1: the event that failed)."""
+RELEASE = "release"
+"""What :func:`behind` answers for the head of a held stream sent back by a replay: run
+it through the handler, then :func:`released` moves the hold on."""
 
 
 def holds_streams(lane: Lane) -> PartitionTables | None:
@@ -53,10 +63,11 @@ async def behind(
     record: Delivery,
     item: Event | DecodeError,
     metrics: TaskMetrics,
-) -> bool | None:
-    """Park ``record`` behind the hold of its stream. None: its stream is not held (or
-    the event was applied before the hold), it runs through the handler; True: settled
-    for the lane (the park confirmed, or a redelivery of an event parked already);
+) -> bool | str | None:
+    """What the lane does with ``record`` of a stream it may hold. None: the stream is
+    not held (or the guard skips the event, applied before the hold), the handler runs;
+    :data:`RELEASE`: the next held event, sent back by a replay, the handler runs;
+    True: parked behind the hold (confirmed), or a redelivery of an event parked already;
     False: the park failed, the delivery stays unsettled."""
     if isinstance(item, DecodeError) or not tables.holding:
         return None
@@ -67,11 +78,15 @@ async def behind(
     version = item.stream_version
     if version is not None and version <= tables.applied_version(held.stream):
         return None  # applied before the hold: the guard skips it
-    if held.parked_already(version):
+    sent_back = header(record.headers, HELD_STREAM) == held.stream.encode()
+    if sent_back and (version is None or held.first is None or version == held.first):
+        return RELEASE
+    if not sent_back and held.parked_already(version):
         return True
-    after = held.behind(version)
+    after = held if sent_back else held.behind(version)  # sent back: counted already
+    place = _place(held, version, after.events)
     reason = f"stream {held.stream!r} is held from {held.place} ({held.error})"
-    if not await lane.park(_marked(record, held.stream, after.events), reason):
+    if not await lane.park(_marked(record, held.stream, place), reason):
         return False
     tables.hold(after)
     metrics.parked(lane.agent.name)
@@ -82,9 +97,29 @@ async def behind(
         record.partition,
         record.position,
         held.stream,
-        after.events,
+        place,
     )
     return True
+
+
+def released(lane: Lane, tables: PartitionTables, item: Event | DecodeError) -> None:
+    """The head of a held stream, sent back, was applied (or filtered): the hold moves to
+    the next event, or the stream is released when it was the last one held."""
+    if isinstance(item, DecodeError) or item.stream_id is None:
+        return
+    held = tables.held(item.stream_id)
+    if held is None:
+        return
+    version = item.stream_version
+    if held.events <= 1 or (version is not None and held.last is not None and version >= held.last):
+        tables.release(held.stream)
+        log.warning(
+            "agent %s: stream %r is released: its held events are applied, in order",
+            lane.agent.name,
+            held.stream,
+        )
+        return
+    tables.hold(held.applied(version))
 
 
 async def hold_failed(lane: Lane, record: Delivery, item: Event, reason: str) -> bool:
@@ -96,14 +131,16 @@ async def hold_failed(lane: Lane, record: Delivery, item: Event, reason: str) ->
     sid = item.stream_id
     if not await lane.park(_marked(record, sid, 1), reason):
         return False
+    before = tables.held(sid)  # sent back and failed again: held again from it
     held = HeldStream(
         stream=sid,
         first=item.stream_version,
         position=record.position,
         event=item.id,
         error=reason,
-        last=item.stream_version,
-        since_ms=int(time.time() * 1000),
+        events=1 if before is None else before.events,
+        last=item.stream_version if before is None else before.last,
+        since_ms=int(time.time() * 1000) if before is None else before.since_ms,
     )
     tables.hold(held)
     log.warning(
@@ -122,8 +159,19 @@ async def hold_failed(lane: Lane, record: Delivery, item: Event, reason: str) ->
     return True
 
 
+def _place(held: HeldStream, version: int | None, counted: int) -> int:
+    """The place of the event of stream version ``version`` in ``held`` (1-based)."""
+    if version is not None and held.first is not None:
+        return version - held.first + 1
+    return counted
+
+
 def _marked(record: Delivery, stream: str, place: int) -> Delivery:
-    headers = (*record.headers, (HELD_STREAM, stream.encode()), (HELD_PLACE, str(place).encode()))
+    headers = (
+        *((n, v) for n, v in record.headers if n not in (HELD_STREAM, HELD_PLACE)),
+        (HELD_STREAM, stream.encode()),
+        (HELD_PLACE, str(place).encode()),
+    )
     return DeliveryRecord(
         record.topic, record.partition, record.position, record.key, record.value, headers
     )

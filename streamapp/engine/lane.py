@@ -54,7 +54,7 @@ from ..tables.partition import PartitionTables
 from .attempts import Attempts
 from .blocking import HandlerThread
 from .delivery import Decoder, Parker, decode_delivery
-from .hold import behind, holds_streams
+from .hold import RELEASE, behind, holds_streams, released
 from .interfaces import TaskMetrics
 from .metrics import NO_METRICS
 from .phase import Phase
@@ -281,10 +281,10 @@ async def _run(
                 continue
             if item is None:
                 item = decode_delivery(decode, record)
-            holding = holding_of[k]
+            holding, parked = holding_of[k], None
             if holding is not None:
                 parked = await behind(lane, holding, record, item, metrics)
-                if parked is not None:
+                if parked is not None and parked is not RELEASE:
                     counts[k][Outcome.HELD] = counts[k].get(Outcome.HELD, 0) + 1
                     if parked:
                         reached[k] = position + 1
@@ -301,10 +301,14 @@ async def _run(
             if handled is DELIVERED or handled is UNVERSIONED:
                 delivered[k] += 1
                 unversioned[k] += handled is UNVERSIONED
+                if parked is RELEASE and holding is not None:
+                    released(lane, holding, item)
                 reached[k] = position + 1
                 continue
             settled, handled = await settle_failed(lane, record, item, handled, counts[k], metrics)
             if settled:
+                if parked is RELEASE and holding is not None and handled.outcome.settles:
+                    released(lane, holding, item)
                 reached[k] = position + 1
             elif handled.outcome is Outcome.UNAVAILABLE:
                 run.unavailable = True
@@ -361,9 +365,10 @@ async def _run_one(
         if reached > position:
             continue  # settled already
         item = decode_delivery(decode, record)
+        parked = None
         if holding is not None:
             parked = await behind(lane, holding, record, item, metrics)
-            if parked is not None:
+            if parked is not None and parked is not RELEASE:
                 counts[Outcome.HELD] = counts.get(Outcome.HELD, 0) + 1
                 if parked:
                     reached = position + 1
@@ -378,12 +383,16 @@ async def _run_one(
             delivered += 1
             if handled is UNVERSIONED:
                 unversioned += 1
+            if parked is RELEASE and holding is not None:
+                released(lane, holding, item)
             reached = position + 1
             continue
         policy_started = time.monotonic()
         settled, handled = await settle_failed(lane, record, item, handled, counts, metrics)
         elsewhere += time.monotonic() - policy_started
         if settled:
+            if parked is RELEASE and holding is not None and handled.outcome.settles:
+                released(lane, holding, item)
             reached = position + 1
             continue
         if handled.outcome is Outcome.UNAVAILABLE:

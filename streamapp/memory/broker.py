@@ -49,6 +49,7 @@ from ..events import Event
 from ..outcomes import Outcome, Redeliver
 from ..partitioner import Partitioner, partition_for
 from ..records import Delivery, DeliveryRecord, Message, Receipt
+from ..republish import HELD_STREAM, Held, back_to_origin
 from ..tables.held import HeldStream
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
@@ -218,6 +219,8 @@ class MemoryBroker:
         for topic in plan:
             if topic.role not in (TopicRole.CHANGELOG, TopicRole.MEMBERS):
                 self.topics[topic.name] = [[] for _ in range(topic.partitions)]
+        self._replayed: dict[str, list[int]] = {}
+        """Per parking destination, the next position :meth:`replay_parked` sends back."""
         self._relayed = {t.name: [0] * t.partitions for t in relayed(plan)}
         """The relay's next position per retry or delay topic partition."""
 
@@ -299,9 +302,27 @@ class MemoryBroker:
         agent, table = self.app.tables[name]
         return _TableReader(self, agent, table)
 
+    def replay_parked(self, destination: str, *, stream: str | None = None) -> int:
+        """Send the records parked to ``destination`` back to their origin topic, as
+        ``streamapp parked replay`` does (those of held stream ``stream`` alone, when
+        given), in order, each once: a later call sends what was parked since. Returns
+        how many went back; :meth:`process` then runs them (a held stream is released in
+        order)."""
+        marks = self._replayed.setdefault(destination, [0] * len(self._topic(destination)))
+        sent = 0
+        for p, part in enumerate(self._topic(destination)):
+            for record in part[marks[p] :]:
+                if stream is None or chain.header(record.headers, HELD_STREAM) == stream.encode():
+                    where = f"{destination}/{p}/{record.position}"
+                    held = Held(where, record.key, record.value, record.headers)
+                    m = back_to_origin(held, frozenset(self.app.sources))
+                    self.send_raw(m.topic, m.value, key=m.key, headers=m.headers)
+                    sent += 1
+            marks[p] = len(part)
+        return sent
+
     def held(self, agent: str) -> dict[str, HeldStream]:
-        """The streams ``agent`` holds (``Park(destination, hold="stream")``), committed,
-        by stream id, over every partition processed so far."""
+        """The streams ``agent`` holds (``Park(..., hold="stream")``), by stream id."""
         out: dict[str, HeldStream] = {}
         for task, _ in self._tasks.values():
             for lane in task.lanes:

@@ -20,11 +20,12 @@ import orjson
 class HeldStream:
     """One held stream of one lane's partition.
 
-    ``first`` and ``position`` place the event that failed and holds it: its stream
-    version (None: the event had none) and its source position; ``event`` is its id and
-    ``error`` why it failed. ``events`` counts the events parked since, that one
-    included; ``last`` is the stream version of the last one parked (redeliveries of an
-    event parked already are not parked twice).
+    ``first`` is the stream version of the first held event not applied yet (None: the
+    events have none), the one that failed until a release applies it; ``position``,
+    ``event`` and ``error`` are the source position, id and error of the event that
+    failed last. ``events`` counts the held events not applied yet; ``last`` is the
+    stream version of the last one parked (redeliveries of an event parked already are
+    not parked twice).
     """
 
     stream: str
@@ -45,6 +46,12 @@ class HeldStream:
     def behind(self, version: int | None) -> HeldStream:
         """This hold with one more event parked behind it (stream version ``version``)."""
         return replace(self, events=self.events + 1, last=version or self.last)
+
+    def applied(self, version: int | None) -> HeldStream:
+        """This hold once its first event (stream version ``version``) is applied by a
+        release: the next one is first (stream versions are contiguous)."""
+        first = None if version is None else version + 1
+        return replace(self, first=first, events=self.events - 1)
 
     def parked_already(self, version: int | None) -> bool:
         """True when the event of stream version ``version`` is parked here already (a

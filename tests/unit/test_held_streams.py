@@ -170,3 +170,101 @@ async def test_a_hold_is_its_lane_s_alone_when_two_agents_share_a_topic() -> Non
     assert broker.table("seen")["b"] == 3
     assert list(broker.held("strict")) == ["b"]
     assert broker.held("count") == {}
+
+
+async def test_a_replay_releases_the_held_stream_in_order_and_the_table_is_exact() -> None:
+    """The handler is fixed, the parked records go back: b's held events are applied in
+    order, b is released, and the table equals one built from scratch."""
+    fixed: dict[str, bool] = {"fixed": False}
+    app = App("bank")
+    balances: Table[int] = Table("balances")
+
+    @app.agent(app.topic("tx", partitions=1), tables=[balances],
+               on_failure=Park("parked", hold="stream"))  # fmt: skip
+    async def apply(event: Event, balance: TableView[int]) -> None:
+        if event.data.get("poison") and not fixed["fixed"]:
+            raise ValueError("not yet")
+        sid = event.stream_id or ""
+        balance[sid] = balance.get(sid, 0) * 2 + int(event.data["amount"])  # order matters
+
+    broker = MemoryBroker(app)
+    for version in (1, 2, 3, 4):
+        for stream in ("a", "b"):
+            _send(broker, stream, version, version, poison=(stream, version) == ("b", 2))
+    await broker.process()
+    assert broker.table("balances")["b"] == 1
+    fixed["fixed"] = True
+    assert broker.replay_parked("parked") == 3
+    await broker.process()
+    assert broker.held("apply") == {}
+    assert broker.table("balances")["b"] == broker.table("balances")["a"] == 26
+    assert broker.replay_parked("parked") == 0  # each once
+
+
+async def test_a_replayed_event_that_fails_again_holds_the_stream_again_from_it() -> None:
+    """Of b's held 2, 3, 4, version 3 still fails when sent back: 2 is applied, b is held
+    again from 3 (3 and 4 parked again, in order); a second replay, fixed, releases it."""
+    poison = {3}
+    app = App("bank")
+    balances: Table[int] = Table("balances")
+
+    @app.agent(app.topic("tx", partitions=1), tables=[balances],
+               on_failure=Park("parked", hold="stream"))  # fmt: skip
+    async def apply(event: Event, balance: TableView[int]) -> None:
+        if event.stream_id == "b" and (event.stream_version or 0) in poison:
+            raise ValueError(f"poison {event.stream_version}")
+        sid = event.stream_id or ""
+        balance[sid] = balance.get(sid, 0) * 2 + int(event.data["amount"])
+
+    broker = MemoryBroker(app)
+    poison.add(2)
+    for version in (1, 2, 3, 4):
+        _send(broker, "b", version, version)
+    await broker.process()
+    poison.discard(2)
+    assert broker.replay_parked("parked") == 3
+    await broker.process()
+    assert broker.table("balances")["b"] == 4  # 1, then 1*2+2
+    (held,) = broker.held("apply").values()
+    assert (held.first, held.events, held.last) == (3, 2, 4)
+    assert "poison 3" in held.error
+    again = broker.records("parked")[3:]
+    assert [dict(r.headers)["ce_streamversion"] for r in again] == [b"3", b"4"]
+    poison.clear()
+    assert broker.replay_parked("parked") == 2
+    await broker.process()
+    assert broker.held("apply") == {}
+    assert broker.table("balances")["b"] == 26
+
+
+async def test_live_events_of_a_held_stream_during_its_release_wait_behind_it() -> None:
+    """New live events of b arrive while b's release is under way: they are parked
+    behind it, never applied before the held ones; the next replay releases all."""
+    fixed = {"fixed": False}
+    app = App("bank")
+    balances: Table[int] = Table("balances")
+
+    @app.agent(app.topic("tx", partitions=1), tables=[balances],
+               on_failure=Park("parked", hold="stream"))  # fmt: skip
+    async def apply(event: Event, balance: TableView[int]) -> None:
+        if event.data.get("poison") and not fixed["fixed"]:
+            raise ValueError("not yet")
+        sid = event.stream_id or ""
+        balance[sid] = balance.get(sid, 0) * 2 + int(event.data["amount"])
+
+    broker = MemoryBroker(app)
+    for version in (1, 2, 3):
+        _send(broker, "b", version, version, poison=version == 2)
+    await broker.process()
+    fixed["fixed"] = True
+    _send(broker, "b", 4, 4)  # live, before the held ones come back
+    broker.replay_parked("parked")
+    _send(broker, "b", 5, 5)  # live, after them
+    await broker.process()
+    assert broker.table("balances")["b"] == 11  # 1, 2*1+2, 2*4+3: 4 and 5 wait
+    (held,) = broker.held("apply").values()
+    assert (held.first, held.events, held.last) == (4, 2, 5)
+    assert broker.replay_parked("parked") == 2
+    await broker.process()
+    assert broker.held("apply") == {}
+    assert broker.table("balances")["b"] == 57  # 1, 4, 11, 26, 57
