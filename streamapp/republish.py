@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .errors import ReplayError
-from .records import Headers, Message
+from .records import Delivery, Headers, Message
 from .reserved import CHAIN, Stamped
 
 ORIGIN_TOPIC = "x-origin-topic"
@@ -46,6 +46,10 @@ id. Kept on what a replay sends back, so the lane that holds the stream takes th
 as part of its release (:mod:`streamapp.engine.hold`)."""
 HELD_PLACE = "streamapp-held-place"
 """On a parked copy of a held stream: its place in the hold (1: the event that failed)."""
+HELD_SKIP = "streamapp-held-skip"
+"""On a held event sent back by ``streamapp parked skip``: skip it for good (the reason)."""
+HELD_MARKS = (HELD_STREAM, HELD_PLACE, HELD_SKIP)
+"""streamapp's own headers a record sent back keeps: a held stream's marks."""
 OWN_PREFIX = "streamapp-"
 
 
@@ -109,12 +113,12 @@ def parked_source(headers: Headers) -> tuple[str, int] | None:
 
 def stripped(headers: Headers) -> list[tuple[str, bytes]]:
     """``headers`` without the chain's and streamapp's own (``streamapp-`` prefix), but
-    for the held stream's marks (:data:`HELD_STREAM`, :data:`HELD_PLACE`)."""
+    for a held stream's marks (:data:`HELD_MARKS`)."""
     return [
         (n, v)
         for n, v in headers
         if n.lower() not in CHAIN
-        and (not n.lower().startswith(OWN_PREFIX) or n.lower() in (HELD_STREAM, HELD_PLACE))
+        and (not n.lower().startswith(OWN_PREFIX) or n.lower() in HELD_MARKS)
     ]
 
 
@@ -136,6 +140,32 @@ def back_to_origin(record: Held, topics: frozenset[str]) -> Message:
         )
     headers = Stamped([*stripped(record.headers), (REPLAYED, record.where.encode())])
     return Message(origin, record.value, record.key, headers)
+
+
+def sent_back(
+    records: Sequence[Delivery],
+    topics: frozenset[str],
+    *,
+    stream: str | None = None,
+    skip: str | None = None,
+) -> list[Message]:
+    """What sends parked ``records`` (one destination's partition, in order) back to
+    their origin (:func:`back_to_origin`): only held stream ``stream``'s when given, its
+    event of id ``skip`` marked :data:`HELD_SKIP` (the memory broker's replay)."""
+    out = []
+    for record in records:
+        if stream is not None and _first(record.headers, HELD_STREAM) != stream.encode():
+            continue
+        headers = list(record.headers)
+        if skip is not None and _first(headers, "ce_id") == skip.encode():
+            headers.append((HELD_SKIP, b"skipped on purpose"))
+        where = f"{record.topic}/{record.partition}/{record.position}"
+        out.append(back_to_origin(Held(where, record.key, record.value, headers), topics))
+    return out
+
+
+def _first(headers: Headers, name: str) -> bytes | None:
+    return next((v for n, v in headers if n == name), None)
 
 
 @dataclass(frozen=True)

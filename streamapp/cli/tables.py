@@ -259,6 +259,11 @@ def tables_scan(
         cursor = page["cursor"]
 
 
+def ask_worker(url: str, path: str, params: dict[str, str]) -> bytes:
+    """GET a worker's view (token: STREAMAPP_WEB_TOKEN); exits 1 when none answers 200."""
+    return _ask(url, path, params)
+
+
 def _ask(url: str, path: str, params: dict[str, str]) -> bytes:
     """GET a worker's view; no answer, or a non-200 one (printed, JSON), exits 1."""
     answer = _get(url, path, params)

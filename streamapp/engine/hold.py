@@ -20,6 +20,9 @@ one that is next in the stream (the hold's ``first``) through the handler, and t
 moves on to the next (stream versions are contiguous) until the last one held is
 applied: the stream is released. One that fails again holds the stream again from it;
 the copies sent back after it are parked again behind it, in order, not counted twice.
+A held event sent back marked :data:`~streamapp.republish.HELD_SKIP` (``streamapp parked
+skip``) is skipped for good instead: recorded in the lane's ``skipped`` state with the
+batch, logged, its stream version counted as applied; the only way an event is left out.
 A new live event of the stream during a release is parked behind the hold like any
 other, so it never overtakes a held one; the next replay sends it back after them.
 """
@@ -31,11 +34,13 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import orjson
+
 from ..errors import DecodeError
 from ..events import Event
 from ..outcomes import parking
 from ..records import Delivery, DeliveryRecord
-from ..republish import HELD_PLACE, HELD_STREAM
+from ..republish import HELD_PLACE, HELD_SKIP, HELD_STREAM
 from ..retry_chain import header
 from ..tables.held import HeldStream
 from ..tables.partition import PartitionTables
@@ -80,7 +85,11 @@ async def behind(
         return None  # applied before the hold: the guard skips it
     sent_back = header(record.headers, HELD_STREAM) == held.stream.encode()
     if sent_back and (version is None or held.first is None or version == held.first):
-        return RELEASE
+        why = header(record.headers, HELD_SKIP)
+        if why is None:
+            return RELEASE
+        _skip(lane, tables, record, item, why.decode(errors="replace"))
+        return True
     if not sent_back and held.parked_already(version):
         return True
     after = held if sent_back else held.behind(version)  # sent back: counted already
@@ -100,6 +109,36 @@ async def behind(
         place,
     )
     return True
+
+
+def _skip(lane: Lane, tables: PartitionTables, record: Delivery, item: Event, why: str) -> None:
+    """Skip the head of a held stream for good, on purpose (``streamapp parked skip``):
+    recorded in the lane's state with the batch, its stream version counted as applied,
+    logged; the hold moves on to the next event."""
+    sid, version = item.stream_id, item.stream_version
+    assert sid is not None
+    skipped = {
+        "stream": sid,
+        "event": item.id,
+        "version": version,
+        "position": record.position,
+        "reason": why,
+        "at_ms": int(time.time() * 1000),
+    }
+    tables.skip(sid, item.id, orjson.dumps(skipped))
+    if version is not None:
+        tables.record_version(sid, version)
+        tables.commit_event()
+    log.warning(
+        "agent %s: event %s of held stream %r (version %s) is skipped for good, on "
+        "purpose (streamapp parked skip: %s): the table never applies it",
+        lane.agent.name,
+        item.id,
+        sid,
+        version,
+        why,
+    )
+    released(lane, tables, item)
 
 
 def released(lane: Lane, tables: PartitionTables, item: Event | DecodeError) -> None:

@@ -49,7 +49,7 @@ from ..events import Event
 from ..outcomes import Outcome, Redeliver
 from ..partitioner import Partitioner, partition_for
 from ..records import Delivery, DeliveryRecord, Message, Receipt
-from ..republish import HELD_STREAM, Held, back_to_origin
+from ..republish import sent_back
 from ..tables.held import HeldStream
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
@@ -302,22 +302,19 @@ class MemoryBroker:
         agent, table = self.app.tables[name]
         return _TableReader(self, agent, table)
 
-    def replay_parked(self, destination: str, *, stream: str | None = None) -> int:
-        """Send the records parked to ``destination`` back to their origin topic, as
-        ``streamapp parked replay`` does (those of held stream ``stream`` alone, when
-        given), in order, each once: a later call sends what was parked since. Returns
-        how many went back; :meth:`process` then runs them (a held stream is released in
-        order)."""
+    def replay_parked(
+        self, destination: str, *, stream: str | None = None, skip: str | None = None
+    ) -> int:
+        """Send what was parked to ``destination`` since the last call back to its origin,
+        in order, as ``streamapp parked replay`` does (only held stream ``stream``'s, when
+        given; event id ``skip`` of it marked to be skipped, as ``streamapp parked skip``
+        does); returns how many went back (:meth:`process` runs them)."""
         marks = self._replayed.setdefault(destination, [0] * len(self._topic(destination)))
-        sent = 0
+        sources, sent = frozenset(self.app.sources), 0
         for p, part in enumerate(self._topic(destination)):
-            for record in part[marks[p] :]:
-                if stream is None or chain.header(record.headers, HELD_STREAM) == stream.encode():
-                    where = f"{destination}/{p}/{record.position}"
-                    held = Held(where, record.key, record.value, record.headers)
-                    m = back_to_origin(held, frozenset(self.app.sources))
-                    self.send_raw(m.topic, m.value, key=m.key, headers=m.headers)
-                    sent += 1
+            for m in sent_back(part[marks[p] :], sources, stream=stream, skip=skip):
+                self.send_raw(m.topic, m.value, key=m.key, headers=m.headers)
+                sent += 1
             marks[p] = len(part)
         return sent
 

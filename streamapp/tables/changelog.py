@@ -14,7 +14,8 @@ keys carry a one-byte tag so that compaction keeps each kind apart:
 ``b"d" + table + b"\\0" + key`` data (a null value deletes; ``table`` is its label,
 ``name@vN`` above version 1), ``b"v" + stream id`` the last applied stream version
 (8 bytes, big-endian), ``b"h" + stream id`` a held stream (JSON, :mod:`.held`; a null
-value releases it), ``b"c"`` the checkpoint (JSON).
+value releases it), ``b"s" + stream id + b"\\0" + event id`` a held event skipped for good
+(JSON), ``b"c"`` the checkpoint (JSON).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .partition import (
     CHECKPOINT_KEY,
     HELD,
     META,
+    SKIPPED,
     VERSIONS,
     BatchChanges,
     PartitionTables,
@@ -36,6 +38,7 @@ from .partition import (
 DATA = b"d"
 VERSION = b"v"
 HOLD = b"h"
+SKIP = b"s"
 CHECKPOINT = b"c"
 SEP = b"\x00"
 
@@ -50,6 +53,8 @@ def records(batch: BatchChanges) -> Iterator[tuple[bytes, bytes | None]]:
         yield VERSION + sid, encode_version(version)
     for sid, held in batch.held.items():
         yield HOLD + sid, held
+    for key, skip in batch.skipped.items():
+        yield SKIP + key, skip
     yield CHECKPOINT, batch.checkpoint.positions()
 
 
@@ -70,7 +75,7 @@ class RestoreChunk:
 
     def __init__(self, tables: PartitionTables) -> None:
         self._spaces = {t.label.encode(): t.data_space for t in tables.tables}
-        self.changes: dict[str, dict[bytes, bytes | None]] = {VERSIONS: {}, HELD: {}}
+        self.changes: dict[str, dict[bytes, bytes | None]] = {VERSIONS: {}, HELD: {}, SKIPPED: {}}
         self.checkpoint: bytes | None = None
         self.checkpoint_offset = -1
         self.skipped = 0
@@ -93,6 +98,8 @@ class RestoreChunk:
             self.changes[VERSIONS][key[1:]] = value
         elif tag == HOLD:
             self.changes[HELD][key[1:]] = value
+        elif tag == SKIP:
+            self.changes[SKIPPED][key[1:]] = value
         elif tag == CHECKPOINT and value is not None:
             self.checkpoint, self.checkpoint_offset = value, offset
         else:
@@ -129,6 +136,8 @@ class RestoreChunk:
                 self.checkpoint, self.checkpoint_offset = rec.value, offset
             elif tag == HOLD:
                 held[key[1:]] = rec.value
+            elif tag == SKIP:
+                self.changes[SKIPPED][key[1:]] = rec.value
             else:
                 self.skipped += 1
         self.taken += taken

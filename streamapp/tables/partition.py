@@ -22,12 +22,13 @@ from .table import Table, TableView
 META = "meta"
 VERSIONS = "versions"
 HELD = "held"
+SKIPPED = "skipped"
 CHECKPOINT_KEY = b"checkpoint"
 
 
 def spaces_for(tables: Sequence[Table[Any]]) -> list[str]:
     """The store spaces a partition of these tables needs."""
-    return [META, VERSIONS, HELD, *(t.data_space for t in tables)]
+    return [META, VERSIONS, HELD, SKIPPED, *(t.data_space for t in tables)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +41,14 @@ class BatchChanges:
     checkpoint: Checkpoint
     held: dict[bytes, bytes | None] = field(default_factory=dict)
     """Held streams set (an encoded :class:`HeldStream`) or released (None)."""
+    skipped: dict[bytes, bytes] = field(default_factory=dict)
+    """Held events skipped for good (``streamapp parked skip``), by stream and event id."""
 
     @property
     def empty(self) -> bool:
-        return not self.versions and not self.held and not any(self.data.values())
+        return (
+            not self.versions and not self.held and not self.skipped and not any(self.data.values())
+        )
 
 
 def encode_version(version: int) -> bytes:
@@ -84,6 +89,8 @@ class PartitionTables:
         """The held streams as committed (a mirror of the ``held`` space)."""
         self._held_open: dict[str, HeldStream | None] = {}
         """Holds set (or released: None) in the open batch."""
+        self._skipped_open: dict[bytes, bytes] = {}
+        """Skips recorded in the open batch."""
         self.reload_held()
 
     def applied_version(self, stream_id: str) -> int:
@@ -124,6 +131,14 @@ class PartitionTables:
     def release(self, stream_id: str) -> None:
         """Release ``stream_id`` in the open batch."""
         self._held_open[stream_id] = None
+
+    def skip(self, stream_id: str, event: str, record: bytes) -> None:
+        """Record, in the open batch, that ``event`` of ``stream_id`` is skipped for good."""
+        self._skipped_open[stream_id.encode() + b"\0" + event.encode()] = record
+
+    def skipped(self, limit: int = 1000) -> list[bytes]:
+        """The skips recorded here (committed), at most ``limit``."""
+        return [raw for _, raw in self.store.scan(SKIPPED, None, limit)]
 
     def held_streams(self) -> dict[str, HeldStream]:
         """The committed held streams (what views and status report)."""
@@ -174,15 +189,17 @@ class PartitionTables:
         held = {
             sid.encode(): None if h is None else h.encode() for sid, h in self._held_open.items()
         }
-        self._held_open = {}
+        skipped, self._held_open, self._skipped_open = self._skipped_open, {}, {}
         checkpoint = checkpoint.advanced(mark=new_mark())
-        return BatchChanges(data=data, versions=versions, checkpoint=checkpoint, held=held)
+        return BatchChanges(
+            data=data, versions=versions, checkpoint=checkpoint, held=held, skipped=skipped
+        )
 
     def drop_batch(self) -> None:
         """Forget the open batch (a failed flush, or a failed event's leftovers)."""
         self._vbatch.clear()
         self._vevent.clear()
-        self._held_open = {}
+        self._held_open, self._skipped_open = {}, {}
         for view in self.views:
             view._take_batch()
             view._rollback_event()
@@ -195,6 +212,8 @@ class PartitionTables:
         changes[VERSIONS] = {k: encode_version(v) for k, v in batch.versions.items()}
         if batch.held:
             changes[HELD] = batch.held
+        if batch.skipped:
+            changes[SKIPPED] = dict(batch.skipped)
         changes[META] = {CHECKPOINT_KEY: checkpoint.encode()}
         return changes
 
