@@ -14,7 +14,9 @@ from typing import Any
 
 import aiohttp
 
-from streamapp import Event
+from streamapp import App, Event
+from streamapp.codecs import amqp as codec
+from streamapp.rabbitmq.sink import RabbitSink
 from streamapp.web.held import HELD_HEADER
 from tests.apps.held_app import fold
 from tests.support.waits import frozen, until
@@ -138,3 +140,16 @@ async def wait_held(worker: WorkerProc, streams: int, events: int) -> None:
         poll_s=0.3,
         detail=lambda: (seen[0], worker.log_text()[-2000:]),
     )
+
+
+async def send(amqp: str, topic: str, events: list[Event]) -> None:
+    """Publish ``events`` to RabbitMQ topic ``topic`` (2 partitions) as a producer would."""
+    settings = App("held-test-sender", broker="rabbitmq", amqp_url=amqp).settings()
+    sink = RabbitSink(settings, {topic: 2})
+    await sink.start()
+    try:
+        messages = [codec.encode(event) for event in events]
+        for key, value, headers in messages:
+            await sink.publish(topic, value, key=key, headers=headers)
+    finally:
+        await sink.stop()

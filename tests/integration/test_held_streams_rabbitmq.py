@@ -17,31 +17,25 @@ from pathlib import Path
 
 import pytest
 
-from streamapp import App, Event
-from streamapp.codecs import amqp as codec
-from streamapp.rabbitmq.sink import RabbitSink
 from tests.conftest import Services
 from tests.support.waits import until
 
 from .harness import ROOT, WorkerProc, app_env, streamapp_cmd, wait_ready
-from .held_world import POISONED, events, expected, held_counts, later, wait_held, wait_table
+from .held_world import (
+    POISONED,
+    events,
+    expected,
+    held_counts,
+    later,
+    send,
+    wait_held,
+    wait_table,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "tests.apps.held_app:app"
 NO_KAFKA = "127.0.0.1:1"
-
-
-async def send(amqp: str, topic: str, events: list[Event]) -> None:
-    settings = App("held-test-sender", broker="rabbitmq", amqp_url=amqp).settings()
-    sink = RabbitSink(settings, {topic: 2})
-    await sink.start()
-    try:
-        messages = [codec.encode(event) for event in events]
-        for key, value, headers in messages:
-            await sink.publish(topic, value, key=key, headers=headers)
-    finally:
-        await sink.stop()
 
 
 async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
