@@ -153,3 +153,17 @@ async def send(amqp: str, topic: str, events: list[Event]) -> None:
             await sink.publish(topic, value, key=key, headers=headers)
     finally:
         await sink.stop()
+
+
+async def wait_killed(worker: WorkerProc) -> None:
+    """Until ``worker`` killed itself (``STREAMAPP_TEST_HELD_KILL``: SIGKILL in the middle
+    of a release); fails once its log stood still for 60 s with it alive."""
+    await until(
+        lambda: not worker.alive,
+        what="the worker killed in the middle of the release",
+        progress=worker.log_size,
+        stalled_s=60,
+        poll_s=0.2,
+    )
+    assert worker.proc is not None
+    assert worker.proc.returncode == -9, worker.log_text()[-2000:]

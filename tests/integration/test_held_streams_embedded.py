@@ -3,7 +3,8 @@ worker processes: the scenario of ``tests/integration/held_world.py``.
 
 The store is the live source; a held stream's events are parked as rows of the store and
 ``streamapp store parked replay`` sends them back through the lane that held them. A
-``kill -9`` during the hold and one during the release resume from the store's
+``kill -9`` during the hold and one during the release (SIGKILL at the first held event
+the fixed handler applies) resume from the store's
 checkpoint (the holds are in it); every stream ends equal to the fixed handler's fold.
 """
 
@@ -19,7 +20,16 @@ import pytest
 from tests.support.waits import until
 
 from .harness import ROOT, WorkerProc, app_env, append_to_store, streamapp_cmd, wait_ready
-from .held_world import POISONED, events, expected, held_counts, later, wait_held, wait_table
+from .held_world import (
+    POISONED,
+    events,
+    expected,
+    held_counts,
+    later,
+    wait_held,
+    wait_killed,
+    wait_table,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,10 +50,10 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         "STREAMAPP_TEST_HELD_GATE": str(gate),
     }
 
-    def worker() -> WorkerProc:
+    def worker(**extra: str) -> WorkerProc:
         log = tmp_path / "worker.log"
         return WorkerProc(
-            NO_KAFKA, ns, tmp_path / "data", log, app_ref=APP, extra_env=dict(env)
+            NO_KAFKA, ns, tmp_path / "data", log, app_ref=APP, extra_env=env | extra
         ).start()
 
     def replay() -> str:
@@ -69,7 +79,7 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
     finally:
         first.kill()  # kill -9 during the hold
 
-    second = worker()
+    second = worker(STREAMAPP_TEST_HELD_KILL=str(tmp_path / "killed"))
     try:
         await wait_ready(second)
         await wait_held(second, 5, 10)  # the holds are in the store's checkpoint write
@@ -85,8 +95,9 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         assert "sent 15 parked rows back" in replay()
         await appending
         sent += more
+        await wait_killed(second)  # kill -9 at its first poison event applied
     finally:
-        second.kill()  # kill -9 during the release
+        second.kill()
 
     third = worker()
     try:

@@ -5,7 +5,8 @@ While the handler fails, the other 995 streams are exact and the five answer the
 applied value with ``Streamapp-Stream-Held``; a ``kill -9`` during the hold and a worker
 on a fresh data directory (restored from the changelog) keeps them held, and their new
 live events park behind. Then the handler is fixed, ``streamapp parked replay`` releases
-them in order while more live events of them arrive and the worker is killed again; every
+them in order while more live events of them arrive, and the worker is killed (SIGKILL,
+by the handler itself) at the first held event it applies; every
 stream then equals the fixed handler's fold from scratch (``tests/integration/held_world.py``).
 """
 
@@ -32,7 +33,16 @@ from .harness import (
     wait_caught_up,
     wait_ready,
 )
-from .held_world import POISONED, STREAMS, events, expected, later, wait_held, wait_table
+from .held_world import (
+    POISONED,
+    STREAMS,
+    events,
+    expected,
+    later,
+    wait_held,
+    wait_killed,
+    wait_table,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -66,10 +76,10 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
     gate.touch()
     env = {"STREAMAPP_TEST_HELD_GATE": str(gate)}
 
-    def worker(data: str) -> WorkerProc:
+    def worker(data: str, **extra: str) -> WorkerProc:
         log = tmp_path / f"{data}.log"
         return WorkerProc(
-            kafka_bootstrap, ns, tmp_path / data, log, app_ref=APP, extra_env=dict(env)
+            kafka_bootstrap, ns, tmp_path / data, log, app_ref=APP, extra_env=env | extra
         ).start()
 
     sent = events()
@@ -83,7 +93,7 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         first.kill()  # kill -9 during the hold
 
     # A worker on an empty data directory: the holds come back from the changelog.
-    second = worker("two")
+    second = worker("two", STREAMAPP_TEST_HELD_KILL=str(tmp_path / "killed"))
     try:
         await wait_ready(second)
         await wait_held(second, 5, 10)
@@ -101,8 +111,9 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         assert replay(kafka_bootstrap, ns, parking) == 15
         await sending
         sent += more
+        await wait_killed(second)  # kill -9 at its first poison event applied
     finally:
-        second.kill()  # kill -9 during the release
+        second.kill()
 
     third = worker("two")
     try:

@@ -4,8 +4,9 @@
 Events are published to the app's exchange as a producer would (the event store stays
 empty: the worker's partitions resume from their local stores, where the holds are
 written with the tables and the checkpoint). ``streamapp parked replay`` sends the
-parking queues' messages back; ``kill -9`` during the hold and during the release, and
-live events during the release, leave every stream equal to the fixed handler's fold.
+parking queues' messages back; ``kill -9`` during the hold and during the release
+(SIGKILL at the first held event the fixed handler applies), and live events during the
+release, leave every stream equal to the fixed handler's fold.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .held_world import (
     later,
     send,
     wait_held,
+    wait_killed,
     wait_table,
 )
 
@@ -65,10 +67,10 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    def worker() -> WorkerProc:
+    def worker(**extra: str) -> WorkerProc:
         log = tmp_path / "worker.log"
         return WorkerProc(
-            NO_KAFKA, ns, tmp_path / "data", log, app_ref=APP, extra_env=dict(env)
+            NO_KAFKA, ns, tmp_path / "data", log, app_ref=APP, extra_env=env | extra
         ).start()
 
     cli("topics", "create")
@@ -82,7 +84,7 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
     finally:
         first.kill()  # kill -9 during the hold
 
-    second = worker()
+    second = worker(STREAMAPP_TEST_HELD_KILL=str(tmp_path / "killed"))
     try:
         await wait_ready(second)
         await wait_held(second, 5, 10)
@@ -98,8 +100,9 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         assert "sent 15 records back" in cli("parked", "replay", "--topic", f"{source}.parked")
         await sending
         sent += more
+        await wait_killed(second)  # kill -9 at its first poison event applied
     finally:
-        second.kill()  # kill -9 during the release
+        second.kill()
 
     third = worker()
     try:
