@@ -28,7 +28,7 @@ from .errors import (
 )
 from .events import Event
 from .history import History
-from .outcomes import FailurePolicy, Outcome, Redeliver, check_policy
+from .outcomes import FailurePolicy, Outcome, Redeliver, check_policy, parking
 from .outputs import Outbox, Send
 from .tables.partition import PartitionTables
 from .tables.table import Table
@@ -158,6 +158,13 @@ class Agent:
 
     def __post_init__(self) -> None:
         check_policy(self.on_failure, self.name)
+        held = parking(self.on_failure)
+        if held is not None and held.holds and not self.tables:
+            raise ConfigError(
+                f"agent {self.name!r}: on_failure={held!r}: a held stream is part of the "
+                "agent's table state, and this agent has no tables: give it a table, or "
+                "use Park(destination) without hold"
+            )
 
     @property
     def views(self) -> tuple[Table[Any], ...]:

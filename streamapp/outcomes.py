@@ -10,6 +10,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from .errors import ConfigError
 
@@ -29,6 +30,9 @@ class Outcome(enum.Enum):
     """The record cannot be decoded or routed: the failure policy applies."""
     FAILED = "failed"
     """The handler raised: the failure policy applies."""
+    HELD = "held"
+    """Its stream is held (``Park(destination, hold="stream")``): parked behind the event
+    that holds it, in order, without running the handler."""
 
     @property
     def settles(self) -> bool:
@@ -72,9 +76,26 @@ class Park:
 
     The original counts as settled only once the broker confirmed the parked copy
     (Kafka ``acks=all``). If parking fails, the delivery is redelivered instead.
+
+    ``hold="stream"`` (projections): the failed event also holds its stream in the
+    agent's lane of that partition; the stream's later events there are parked behind
+    it, in order, without running the handler, while every other stream goes on
+    (:mod:`streamapp.engine.hold`). Without it (the default), the stream's later events
+    are applied without the failed one, for handlers where order does not matter.
     """
 
     destination: str
+    hold: Literal["stream"] | None = None
+    """``"stream"``: a failed event holds its stream (None: it parks the event alone)."""
+
+    @property
+    def holds(self) -> bool:
+        """True when a failed event holds its stream."""
+        return self.hold == "stream"
+
+    def __repr__(self) -> str:
+        hold = "" if self.hold is None else f", hold={self.hold!r}"
+        return f"Park(destination={self.destination!r}{hold})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +155,7 @@ def check_policy(policy: object, agent: str) -> None:
     if isinstance(policy, Park):
         if not isinstance(policy.destination, str) or not policy.destination.strip():
             raise bad("the parking destination must be a non-blank name")
+        _check_hold(policy, bad)
         return
     if isinstance(policy, Retry):
         _check_retry(policy, bad)
@@ -164,6 +186,15 @@ def check_policy(policy: object, agent: str) -> None:
         raise bad("the fallback must be a policy other than Redeliver, e.g. Park(destination)")
     if not isinstance(fallback.destination, str) or not fallback.destination.strip():
         raise bad("the fallback's parking destination must be a non-blank name")
+    _check_hold(fallback, bad)
+
+
+def _check_hold(policy: Park, bad: Callable[[str], ConfigError]) -> None:
+    if policy.hold is not None and policy.hold != "stream":
+        raise bad(
+            f"hold={policy.hold!r} is not a hold: give hold='stream' (a failed event holds "
+            "its stream) or leave it out (the event is parked alone)"
+        )
 
 
 def _check_retry(policy: Retry, bad: Callable[[str], ConfigError]) -> None:

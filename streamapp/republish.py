@@ -8,8 +8,8 @@ record as its producer sent it: the same key and value (the CloudEvent intact), 
 business and CloudEvent headers, without the retry chain's headers
 (:data:`streamapp.retry_chain.CHAIN`: a record that kept ``x-reconsume`` would count on
 from its old failures) and without streamapp's own ``streamapp-`` headers (the park
-reason, agent and source, the forwarder's store position), but for one:
-:data:`REPLAYED`, naming where it was held. The origin is the
+reason, agent and source, the forwarder's store position), but for
+:data:`REPLAYED`, naming where it was held, and a held stream's marks. The origin is the
 dead-letter copy's ``x-origin-topic``, else the topic of a parked copy's
 ``streamapp-source`` (``topic/partition/position``).
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .errors import ReplayError
-from .records import Headers, Message
+from .records import Delivery, Headers, Message
 from .reserved import CHAIN, Stamped
 
 ORIGIN_TOPIC = "x-origin-topic"
@@ -40,6 +40,16 @@ REPLAYED = "streamapp-replayed"
 ``parked row 12``): set on what a replay sends, so that an agent whose stream-version
 guard skips it although the table has not applied it can say so
 (:func:`streamapp.engine.settle.settle_failed`)."""
+HELD_STREAM = "streamapp-held-stream"
+"""On a parked copy of a held stream (``Park(destination, hold="stream")``): the stream
+id. Kept on what a replay sends back, so the lane that holds the stream takes the record
+as part of its release (:mod:`streamapp.engine.hold`)."""
+HELD_PLACE = "streamapp-held-place"
+"""On a parked copy of a held stream: its place in the hold (1: the event that failed)."""
+HELD_SKIP = "streamapp-held-skip"
+"""On a held event sent back by ``streamapp parked skip``: skip it for good (the reason)."""
+HELD_MARKS = (HELD_STREAM, HELD_PLACE, HELD_SKIP)
+"""streamapp's own headers a record sent back keeps: a held stream's marks."""
 OWN_PREFIX = "streamapp-"
 
 
@@ -102,11 +112,13 @@ def parked_source(headers: Headers) -> tuple[str, int] | None:
 
 
 def stripped(headers: Headers) -> list[tuple[str, bytes]]:
-    """``headers`` without the chain's and streamapp's own (``streamapp-`` prefix)."""
+    """``headers`` without the chain's and streamapp's own (``streamapp-`` prefix), but
+    for a held stream's marks (:data:`HELD_MARKS`)."""
     return [
         (n, v)
         for n, v in headers
-        if n.lower() not in CHAIN and not n.lower().startswith(OWN_PREFIX)
+        if n.lower() not in CHAIN
+        and (not n.lower().startswith(OWN_PREFIX) or n.lower() in HELD_MARKS)
     ]
 
 
@@ -128,6 +140,32 @@ def back_to_origin(record: Held, topics: frozenset[str]) -> Message:
         )
     headers = Stamped([*stripped(record.headers), (REPLAYED, record.where.encode())])
     return Message(origin, record.value, record.key, headers)
+
+
+def sent_back(
+    records: Sequence[Delivery],
+    topics: frozenset[str],
+    *,
+    stream: str | None = None,
+    skip: str | None = None,
+) -> list[Message]:
+    """What sends parked ``records`` (one destination's partition, in order) back to
+    their origin (:func:`back_to_origin`): only held stream ``stream``'s when given, its
+    event of id ``skip`` marked :data:`HELD_SKIP` (the memory broker's replay)."""
+    out = []
+    for record in records:
+        if stream is not None and _first(record.headers, HELD_STREAM) != stream.encode():
+            continue
+        headers = list(record.headers)
+        if skip is not None and _first(headers, "ce_id") == skip.encode():
+            headers.append((HELD_SKIP, b"skipped on purpose"))
+        where = f"{record.topic}/{record.partition}/{record.position}"
+        out.append(back_to_origin(Held(where, record.key, record.value, headers), topics))
+    return out
+
+
+def _first(headers: Headers, name: str) -> bytes | None:
+    return next((v for n, v in headers if n == name), None)
 
 
 @dataclass(frozen=True)

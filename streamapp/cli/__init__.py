@@ -1,5 +1,6 @@
 """The ``streamapp`` command: ``worker``, ``topics``, ``store``, ``forward``, ``tables``,
-``agents``, ``reset``, ``retire``, ``parked`` and ``dlq`` (``replay``), one module each.
+``agents``, ``reset``, ``retire``, ``parked`` (``replay``, ``release``, ``list --held``,
+``skip``) and ``dlq`` (``replay``), one module each.
 ``-A MODULE[:ATTRIBUTE]`` goes before or after the command."""
 
 from . import (  # noqa: F401 (commands)

@@ -101,6 +101,12 @@ def _print_versions(url: str, as_json: bool, *, offline: bool = False) -> str | 
                 click.echo(orjson.dumps({"table": table["name"], **v}).decode())
                 continue
             line = f"{table['name']} v{v['version']} {v['state']} {v['live']}/{v['total']}"
+            held = table.get("held") or {}
+            if held.get("streams"):
+                line += (
+                    f", {held['streams']} held streams of agent {table.get('agent')} "
+                    f"({held['events']} events)"
+                )
             progress = v.get("progress")
             if progress and progress.get("store_position") is not None:
                 head = progress.get("head")
@@ -251,6 +257,11 @@ def tables_scan(
         if not page.get("cursor"):
             return
         cursor = page["cursor"]
+
+
+def ask_worker(url: str, path: str, params: dict[str, str]) -> bytes:
+    """GET a worker's view (token: STREAMAPP_WEB_TOKEN); exits 1 when none answers 200."""
+    return _ask(url, path, params)
 
 
 def _ask(url: str, path: str, params: dict[str, str]) -> bytes:

@@ -54,6 +54,7 @@ from ..tables.partition import PartitionTables
 from .attempts import Attempts
 from .blocking import HandlerThread
 from .delivery import Decoder, Parker, decode_delivery
+from .hold import RELEASE, behind, holds_streams, released
 from .interfaces import TaskMetrics
 from .metrics import NO_METRICS
 from .phase import Phase
@@ -259,6 +260,7 @@ async def _run(
     unversioned = [0] * len(lanes)
     spent = [0.0] * len(lanes)
     doing: dict[Any, Any] = DOING if task is not None else {}
+    holding_of = [holds_streams(lane) for lane in lanes]
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
@@ -279,6 +281,17 @@ async def _run(
                 continue
             if item is None:
                 item = decode_delivery(decode, record)
+            holding, parked = holding_of[k], None
+            if holding is not None:
+                parked = await behind(lane, holding, record, item, metrics)
+                if parked is not None and parked is not RELEASE:
+                    counts[k][Outcome.HELD] = counts[k].get(Outcome.HELD, 0) + 1
+                    if parked:
+                        reached[k] = position + 1
+                    else:
+                        lane.attempts.failed_at(position, "parking behind its held stream failed")
+                        run.failed.append(lane)
+                    continue
             doing[task] = (lane.name, record, item)  # what the stall watch names
             started = time.perf_counter()
             handled = await handle(
@@ -288,10 +301,14 @@ async def _run(
             if handled is DELIVERED or handled is UNVERSIONED:
                 delivered[k] += 1
                 unversioned[k] += handled is UNVERSIONED
+                if parked is RELEASE and holding is not None:
+                    released(lane, holding, item)
                 reached[k] = position + 1
                 continue
             settled, handled = await settle_failed(lane, record, item, handled, counts[k], metrics)
             if settled:
+                if parked is RELEASE and holding is not None and handled.outcome.settles:
+                    released(lane, holding, item)
                 reached[k] = position + 1
             elif handled.outcome is Outcome.UNAVAILABLE:
                 run.unavailable = True
@@ -332,6 +349,7 @@ async def _run_one(
         lane.agent, lane.tables, lane.views, lane.outbox, lane.send, lane.run
     )  # fmt: skip
     reached = run.reached[0]
+    holding = holds_streams(lane)
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
@@ -347,18 +365,34 @@ async def _run_one(
         if reached > position:
             continue  # settled already
         item = decode_delivery(decode, record)
+        parked = None
+        if holding is not None:
+            parked = await behind(lane, holding, record, item, metrics)
+            if parked is not None and parked is not RELEASE:
+                counts[Outcome.HELD] = counts.get(Outcome.HELD, 0) + 1
+                if parked:
+                    reached = position + 1
+                    continue
+                lane.attempts.failed_at(position, "parking behind its held stream failed")
+                run.failed.append(lane)
+                run.stop = position
+                break
         doing[task] = (lane.name, record, item)  # what the stall watch names
         handled = await handle(agent, item, tables, views, outbox, send, runner)
         if handled is DELIVERED or handled is UNVERSIONED:
             delivered += 1
             if handled is UNVERSIONED:
                 unversioned += 1
+            if parked is RELEASE and holding is not None:
+                released(lane, holding, item)
             reached = position + 1
             continue
         policy_started = time.monotonic()
         settled, handled = await settle_failed(lane, record, item, handled, counts, metrics)
         elsewhere += time.monotonic() - policy_started
         if settled:
+            if parked is RELEASE and holding is not None and handled.outcome.settles:
+                released(lane, holding, item)
             reached = position + 1
             continue
         if handled.outcome is Outcome.UNAVAILABLE:

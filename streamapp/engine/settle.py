@@ -23,6 +23,7 @@ from ..logs import Gate
 from ..outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
 from ..records import Delivery
 from ..republish import REPLAYED
+from .hold import hold_failed
 from .interfaces import TaskMetrics
 from .pace import pause
 
@@ -64,7 +65,7 @@ async def settle_failed(
     reason, attempt = handled.reason, lane.attempts.before(record) + 1
     if isinstance(policy, Redeliver) and policy.spent(attempt) and policy.fallback:
         policy, reason = policy.fallback, f"gave up after {attempt} attempts: {reason}"
-    if isinstance(policy, Park) and await lane.park(record, reason):
+    if isinstance(policy, Park) and await _park(lane, record, item, reason, policy):
         _log(agent, record, handled, "parked", logging.DEBUG)
         metrics.parked(agent.name)
         return True, handled
@@ -72,6 +73,15 @@ async def settle_failed(
     then = f"will redeliver (attempt {attempt}{_of(agent.on_failure)})"
     _log(agent, record, handled, then, logging.WARNING)
     return False, handled
+
+
+async def _park(
+    lane: Lane, record: Delivery, item: Event | DecodeError, reason: str, policy: Park
+) -> bool:
+    """Park ``record`` (confirmed); with ``hold="stream"`` its stream is held from it."""
+    if policy.holds and isinstance(item, Event) and item.stream_id is not None:
+        return await hold_failed(lane, record, item, reason)
+    return await lane.park(record, reason)
 
 
 async def _chain(

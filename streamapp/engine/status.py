@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..outcomes import Outcome
 from ..tables.checkpoint import Checkpoint
+from .hold import held_counts
 from .lane import Lane
 from .phase import Phase
 
@@ -96,6 +97,7 @@ class TaskStatus:
             "rebuilt": counts.rebuilt,
             "unversioned": sum(lane.unversioned for lane in lanes),
             "outcomes": _named(outcomes_of(lanes)),
+            "held_streams": sum(n for n, _ in held_counts(lanes).values()),
             **_stored(cp),
             "checkpoint": _resumes_at(cp, self.store_fed),
             "agents": {lane.name: _lane_status(lane) for lane in lanes},
@@ -125,6 +127,22 @@ def _lane_status(lane: Lane) -> dict[str, object]:
         "outcomes": _named(lane.outcomes),
         "chain": dict(lane.chain_totals),
         **_stored(cp),
+        **_held(lane),
+    }
+
+
+def _held(lane: Lane) -> dict[str, object]:
+    """A lane's held streams (``Park(destination, hold="stream")``): their count, the
+    events they hold, each with its error, and the held events skipped on purpose (``streamapp
+    parked skip``; up to 1,000 counted); nothing for a lane that never holds."""
+    counts = held_counts([lane]).get(lane.name)
+    if counts is None or lane.tables is None:
+        return {}
+    return {
+        "held_streams": counts[0],
+        "held_events": counts[1],
+        "held": [h.as_json() for h in lane.tables.held_streams().values()],
+        "skipped": len(lane.tables.skipped()),
     }
 
 

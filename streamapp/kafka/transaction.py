@@ -42,7 +42,6 @@ from ..engine.interfaces import Committed
 from ..errors import FencedError, PublishError, SourceError
 from ..records import Message
 from ..tables.changelog import RestoreChunk, records
-from ..tables.checkpoint import Checkpoint
 from ..tables.partition import BatchChanges, PartitionTables
 from .changelog_read import CommittedReader
 from .lineage import mismatch
@@ -375,14 +374,12 @@ async def restore(
                 where,
                 why,
             )
-            tables.store.wipe()
-            tables.checkpoint = Checkpoint()
+            tables.wipe()
         start = tables.checkpoint.changelog
         if start >= end - 1:  # at the end, or before the last transaction's commit marker
             return 0
         if stale():
-            tables.store.wipe()
-            tables.checkpoint = Checkpoint()
+            tables.wipe()
             start = 0
         reader = CommittedReader(consumer, tp)
         log.info("restoring %s: up to %d changelog records", where, end - start)

@@ -49,6 +49,8 @@ from ..events import Event
 from ..outcomes import Outcome, Redeliver
 from ..partitioner import Partitioner, partition_for
 from ..records import Delivery, DeliveryRecord, Message, Receipt
+from ..republish import sent_back
+from ..tables.held import HeldStream
 from ..tables.store import MemoryStore, Store
 from ..tables.table import Table
 from ..topics import TopicRole, relayed
@@ -217,6 +219,8 @@ class MemoryBroker:
         for topic in plan:
             if topic.role not in (TopicRole.CHANGELOG, TopicRole.MEMBERS):
                 self.topics[topic.name] = [[] for _ in range(topic.partitions)]
+        self._replayed: dict[str, list[int]] = {}
+        """Per parking destination, the next position :meth:`replay_parked` sends back."""
         self._relayed = {t.name: [0] * t.partitions for t in relayed(plan)}
         """The relay's next position per retry or delay topic partition."""
 
@@ -297,6 +301,31 @@ class MemoryBroker:
         """Read the committed state of table ``name`` across partitions."""
         agent, table = self.app.tables[name]
         return _TableReader(self, agent, table)
+
+    def replay_parked(
+        self, destination: str, *, stream: str | None = None, skip: str | None = None
+    ) -> int:
+        """Send what was parked to ``destination`` since the last call back to its origin,
+        in order, as ``streamapp parked replay`` does (only held stream ``stream``'s, when
+        given; event id ``skip`` of it marked to be skipped, as ``streamapp parked skip``
+        does); returns how many went back (:meth:`process` runs them)."""
+        marks = self._replayed.setdefault(destination, [0] * len(self._topic(destination)))
+        sources, sent = frozenset(self.app.sources), 0
+        for p, part in enumerate(self._topic(destination)):
+            for m in sent_back(part[marks[p] :], sources, stream=stream, skip=skip):
+                self.send_raw(m.topic, m.value, key=m.key, headers=m.headers)
+                sent += 1
+            marks[p] = len(part)
+        return sent
+
+    def held(self, agent: str) -> dict[str, HeldStream]:
+        """The streams ``agent`` holds (``Park(..., hold="stream")``), by stream id."""
+        out: dict[str, HeldStream] = {}
+        for task, _ in self._tasks.values():
+            for lane in task.lanes:
+                if lane.name == agent and lane.tables is not None:
+                    out.update(lane.tables.held_streams())
+        return out
 
     def pending(self, topic: str) -> int:
         """Records of ``topic`` not settled yet."""

@@ -13,7 +13,9 @@ partition's state (tables, per-stream versions, checkpoint) is one ordered log. 
 keys carry a one-byte tag so that compaction keeps each kind apart:
 ``b"d" + table + b"\\0" + key`` data (a null value deletes; ``table`` is its label,
 ``name@vN`` above version 1), ``b"v" + stream id`` the last applied stream version
-(8 bytes, big-endian), ``b"c"`` the checkpoint (JSON).
+(8 bytes, big-endian), ``b"h" + stream id`` a held stream (JSON, :mod:`.held`; a null
+value releases it), ``b"s" + stream id + b"\\0" + event id`` a held event skipped for good
+(JSON), ``b"c"`` the checkpoint (JSON).
 """
 
 from __future__ import annotations
@@ -22,10 +24,21 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from .checkpoint import Checkpoint
-from .partition import CHECKPOINT_KEY, META, VERSIONS, BatchChanges, PartitionTables, encode_version
+from .partition import (
+    CHECKPOINT_KEY,
+    HELD,
+    META,
+    SKIPPED,
+    VERSIONS,
+    BatchChanges,
+    PartitionTables,
+    encode_version,
+)
 
 DATA = b"d"
 VERSION = b"v"
+HOLD = b"h"
+SKIP = b"s"
 CHECKPOINT = b"c"
 SEP = b"\x00"
 
@@ -38,6 +51,10 @@ def records(batch: BatchChanges) -> Iterator[tuple[bytes, bytes | None]]:
             yield prefix + key, value
     for sid, version in batch.versions.items():
         yield VERSION + sid, encode_version(version)
+    for sid, held in batch.held.items():
+        yield HOLD + sid, held
+    for key, skip in batch.skipped.items():
+        yield SKIP + key, skip
     yield CHECKPOINT, batch.checkpoint.positions()
 
 
@@ -58,7 +75,7 @@ class RestoreChunk:
 
     def __init__(self, tables: PartitionTables) -> None:
         self._spaces = {t.label.encode(): t.data_space for t in tables.tables}
-        self.changes: dict[str, dict[bytes, bytes | None]] = {VERSIONS: {}}
+        self.changes: dict[str, dict[bytes, bytes | None]] = {VERSIONS: {}, HELD: {}, SKIPPED: {}}
         self.checkpoint: bytes | None = None
         self.checkpoint_offset = -1
         self.skipped = 0
@@ -79,6 +96,10 @@ class RestoreChunk:
             self.changes.setdefault(space, {})[rest] = value
         elif tag == VERSION:
             self.changes[VERSIONS][key[1:]] = value
+        elif tag == HOLD:
+            self.changes[HELD][key[1:]] = value
+        elif tag == SKIP:
+            self.changes[SKIPPED][key[1:]] = value
         elif tag == CHECKPOINT and value is not None:
             self.checkpoint, self.checkpoint_offset = value, offset
         else:
@@ -88,7 +109,7 @@ class RestoreChunk:
         """Take every record of ``records`` at or after offset ``start`` (those below it
         are skipped: a fetch's first batch may begin before its offset), as :meth:`apply`
         takes one, in one loop."""
-        versions = self.changes[VERSIONS]
+        versions, held = self.changes[VERSIONS], self.changes[HELD]
         spaces = self._spaces
         tables: dict[bytes, dict[bytes, bytes | None]] = {}
         taken = 0
@@ -113,6 +134,10 @@ class RestoreChunk:
                 changes[rest] = rec.value
             elif tag == CHECKPOINT and rec.value is not None:
                 self.checkpoint, self.checkpoint_offset = rec.value, offset
+            elif tag == HOLD:
+                held[key[1:]] = rec.value
+            elif tag == SKIP:
+                self.changes[SKIPPED][key[1:]] = rec.value
             else:
                 self.skipped += 1
         self.taken += taken
@@ -126,3 +151,5 @@ class RestoreChunk:
         self.changes[META] = {CHECKPOINT_KEY: cp.encode()}
         tables.store.write(self.changes)
         tables.checkpoint = cp
+        if self.changes[HELD]:
+            tables.reload_held()

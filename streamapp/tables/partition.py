@@ -1,30 +1,34 @@
 """The tables of one source partition: overlays, the stream-version guard, the checkpoint.
 
 All tables of an agent for one partition share one Store, so a batch's changes to every
-table, the per-stream versions (kept once per partition, in the ``versions`` space) and
-the checkpoint land in one atomic write.
+table, the per-stream versions (kept once per partition, in the ``versions`` space), the
+held streams (``held``, :mod:`streamapp.tables.held`) and the checkpoint land in one
+atomic write.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..topics import TopicSpec
 from .base import Changes, Store
 from .checkpoint import Checkpoint, new_mark
+from .held import HeldStream
 from .table import Table, TableView
 
 META = "meta"
 VERSIONS = "versions"
+HELD = "held"
+SKIPPED = "skipped"
 CHECKPOINT_KEY = b"checkpoint"
 
 
 def spaces_for(tables: Sequence[Table[Any]]) -> list[str]:
     """The store spaces a partition of these tables needs."""
-    return [META, VERSIONS, *(t.data_space for t in tables)]
+    return [META, VERSIONS, HELD, SKIPPED, *(t.data_space for t in tables)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +39,16 @@ class BatchChanges:
     data: dict[str, dict[bytes, bytes | None]]
     versions: dict[bytes, int]
     checkpoint: Checkpoint
+    held: dict[bytes, bytes | None] = field(default_factory=dict)
+    """Held streams set (an encoded :class:`HeldStream`) or released (None)."""
+    skipped: dict[bytes, bytes] = field(default_factory=dict)
+    """Held events skipped for good (``streamapp parked skip``), by stream and event id."""
 
     @property
     def empty(self) -> bool:
-        return not self.versions and not any(self.data.values())
+        return (
+            not self.versions and not self.held and not self.skipped and not any(self.data.values())
+        )
 
 
 def encode_version(version: int) -> bytes:
@@ -75,6 +85,13 @@ class PartitionTables:
         self._vbatch: dict[str, int] = {}
         self._vevent: dict[str, int] = {}
         self._read_version = store.reader(VERSIONS)
+        self._held: dict[str, HeldStream] = {}
+        """The held streams as committed (a mirror of the ``held`` space)."""
+        self._held_open: dict[str, HeldStream | None] = {}
+        """Holds set (or released: None) in the open batch."""
+        self._skipped_open: dict[bytes, bytes] = {}
+        """Skips recorded in the open batch."""
+        self.reload_held()
 
     def applied_version(self, stream_id: str) -> int:
         """The last stream version applied for ``stream_id`` (0: none)."""
@@ -93,6 +110,59 @@ class PartitionTables:
 
     def record_version(self, stream_id: str, version: int) -> None:
         self._vevent[stream_id] = version
+
+    # held streams (Park(destination, hold="stream")) ------------------------------------
+    @property
+    def holding(self) -> bool:
+        """True when a stream is held here (open batch included): the cheap test a lane
+        makes before it looks an event's stream up."""
+        return bool(self._held) or bool(self._held_open)
+
+    def held(self, stream_id: str) -> HeldStream | None:
+        """The hold of ``stream_id``, open batch included (None: not held)."""
+        if stream_id in self._held_open:
+            return self._held_open[stream_id]
+        return self._held.get(stream_id)
+
+    def hold(self, held: HeldStream) -> None:
+        """Hold (or update the hold of) ``held.stream`` in the open batch."""
+        self._held_open[held.stream] = held
+
+    def release(self, stream_id: str) -> None:
+        """Release ``stream_id`` in the open batch."""
+        self._held_open[stream_id] = None
+
+    def skip(self, stream_id: str, event: str, record: bytes) -> None:
+        """Record, in the open batch, that ``event`` of ``stream_id`` is skipped for good."""
+        self._skipped_open[stream_id.encode() + b"\0" + event.encode()] = record
+
+    def skipped(self, limit: int = 1000) -> list[bytes]:
+        """The skips recorded here (committed), at most ``limit``."""
+        return [raw for _, raw in self.store.scan(SKIPPED, None, limit)]
+
+    def held_streams(self) -> dict[str, HeldStream]:
+        """The committed held streams (what views and status report)."""
+        return dict(self._held)
+
+    def committed_held(self, stream_id: str) -> HeldStream | None:
+        """The committed hold of ``stream_id`` (None: not held)."""
+        return self._held.get(stream_id)
+
+    def reload_held(self) -> None:
+        """Read the held streams again from the store (after a restore or a wipe)."""
+        held: dict[str, HeldStream] = {}
+        after: bytes | None = None
+        while page := self.store.scan(HELD, after, 1000):
+            for key, raw in page:
+                held[key.decode()] = HeldStream.decode(raw)
+            after = page[-1][0]
+        self._held, self._held_open = held, {}
+
+    def wipe(self) -> None:
+        """Empty the store (every space) and forget its checkpoint and holds."""
+        self.store.wipe()
+        self.checkpoint = Checkpoint()
+        self._held, self._held_open = {}, {}
 
     def view(self, table: str) -> TableView[Any]:
         """This partition's view of the table labelled ``table`` (``Table.label``)."""
@@ -116,13 +186,20 @@ class PartitionTables:
         versions = {sid.encode(): version for sid, version in self._vbatch.items()}
         self._vbatch = {}
         data = {view.table.label: view.take_batch() for view in self.views}
+        held = {
+            sid.encode(): None if h is None else h.encode() for sid, h in self._held_open.items()
+        }
+        skipped, self._held_open, self._skipped_open = self._skipped_open, {}, {}
         checkpoint = checkpoint.advanced(mark=new_mark())
-        return BatchChanges(data=data, versions=versions, checkpoint=checkpoint)
+        return BatchChanges(
+            data=data, versions=versions, checkpoint=checkpoint, held=held, skipped=skipped
+        )
 
     def drop_batch(self) -> None:
         """Forget the open batch (a failed flush, or a failed event's leftovers)."""
         self._vbatch.clear()
         self._vevent.clear()
+        self._held_open, self._skipped_open = {}, {}
         for view in self.views:
             view.take_batch()
             view.rollback_event()
@@ -133,6 +210,10 @@ class PartitionTables:
             table.data_space: batch.data.get(table.label, {}) for table in self.tables
         }
         changes[VERSIONS] = {k: encode_version(v) for k, v in batch.versions.items()}
+        if batch.held:
+            changes[HELD] = batch.held
+        if batch.skipped:
+            changes[SKIPPED] = dict(batch.skipped)
         changes[META] = {CHECKPOINT_KEY: checkpoint.encode()}
         return changes
 
@@ -155,3 +236,8 @@ class PartitionTables:
             )
         self.store.write(self.store_changes(batch, checkpoint))
         self.checkpoint = checkpoint
+        for sid, raw in batch.held.items():
+            if raw is None:
+                self._held.pop(sid.decode(), None)
+            else:
+                self._held[sid.decode()] = HeldStream.decode(raw)

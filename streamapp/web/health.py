@@ -8,7 +8,10 @@ with why); ``/status`` is informational: partitions, phases, lag where the
 transport knows it, outcomes, the catch-up progress of the event-store feed, and the last
 stall of the event loop (who blocked it, on which record, how long), the publishes each
 sink's broker did not confirm (``sinks``), the relays' held copies and lag (``relays``)
-and the retry chain's copies by ``x-retry-hop`` (``retry_hops``).
+and the retry chain's copies by ``x-retry-hop`` (``retry_hops``); an agent that holds
+streams (``Park(destination, hold="stream")``) has ``held_streams`` and ``held_events``,
+and so has each of its partitions' lanes, with each hold. A held stream never makes a
+worker unready.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from ..agent import Agent
 from ..engine.assignment import Assignment
+from ..outcomes import parking
+from .held import held_of_agent
 from .responses import json_response
 
 
@@ -69,6 +75,7 @@ def add_routes(
                         "tables": [t.name for t in agent.tables],
                         "reads": [t.name for t in agent.reads],
                         "sinks": [t.name for t in agent.sinks],
+                        **_held(assignment, agent),
                     }
                     for name, agent in assignment.app.agents.items()
                 },
@@ -82,3 +89,12 @@ def add_routes(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
+
+
+def _held(assignment: Assignment, agent: Agent) -> dict[str, int]:
+    """The held streams of an agent that holds them, on this worker's partitions."""
+    policy = parking(agent.on_failure)
+    if policy is None or not policy.holds:
+        return {}
+    held = held_of_agent(assignment, agent.name)
+    return {"held_streams": held["streams"], "held_events": held["events"]}

@@ -11,6 +11,7 @@ from aiohttp import web
 from ..engine.assignment import Assignment
 from ..engine.served import phase_of
 from .endpoint import TableEndpoint
+from .held import held_of_agent
 from .responses import json_response
 from .routes import VersionRoutes
 
@@ -54,6 +55,7 @@ class ListingEndpoint(TableEndpoint):
                     "topic": agent.topic.name,
                     "partitions": agent.topic.partitions,
                     "owned": owned,
+                    "held": held_of_agent(assignment, agent.name),
                     "owners": {
                         str(p): assignment.remote_owner(table.label, p)
                         for p in range(agent.topic.partitions)

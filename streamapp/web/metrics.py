@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..engine.assignment import Assignment
+from ..engine.hold import held_counts
 from ..engine.interfaces import RelayGauges
 from ..engine.phase import Phase
 from ..engine.stall import Stall
@@ -295,7 +296,11 @@ class _AssignmentCollector(Collector):
             "Keys in a table partition (an estimate on RocksDB).",
             labels=["table", "partition"],
         )
+        held: dict[str, tuple[int, int]] = {}
         for (topic, partition), task in sorted(assignment.tasks.items()):
+            for agent, (streams, events) in held_counts(task.lanes).items():
+                s, e = held.get(agent, (0, 0))
+                held[agent] = (s + streams, e + events)
             counts[task.phase.value] += 1
             task_lag = task.lag
             if task_lag is not None:
@@ -314,6 +319,27 @@ class _AssignmentCollector(Collector):
         yield stalled
         yield lag
         yield sizes
+        yield from _held_gauges(held)
+
+
+def _held_gauges(held: dict[str, tuple[int, int]]) -> Iterator[Metric]:
+    """``streamapp_held_streams`` and ``streamapp_held_events`` per agent that holds."""
+    streams = GaugeMetricFamily(
+        "streamapp_held_streams",
+        'Streams held by an agent of Park(destination, hold="stream") here, waiting for a '
+        "release (streamapp parked replay).",
+        labels=["agent"],
+    )
+    events = GaugeMetricFamily(
+        "streamapp_held_events",
+        "Events parked in held streams here (the failed ones included).",
+        labels=["agent"],
+    )
+    for agent, (n, m) in sorted(held.items()):
+        streams.add_metric([agent], float(n))
+        events.add_metric([agent], float(m))
+    yield streams
+    yield events
 
 
 class _MemoryCollector(Collector):

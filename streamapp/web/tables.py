@@ -56,6 +56,7 @@ from ..tables.partition import PartitionTables
 from ..tables.table import Table
 from .endpoint import STALE_HEADER, TableEndpoint, answer_early, check_length, flag, int_param
 from .forward import FORWARDED, forward
+from .held import held_answer
 from .listing import ListingEndpoint
 from .responses import (
     VERSION_HEADER,
@@ -160,6 +161,7 @@ class KeyEndpoint(TableEndpoint):
             return versioned(store_failed(name, found.partition, exc), version)
         stale = self.confirmed(found.partition, version, stale_ok)  # as of the read
         headers = self.headers(found, version, stream_version, stale)
+        held_meta = held_answer(found.tables, key, headers)  # a held stream says so
         if raw is None:
             resp = error(404, f"key {key!r} not found in table {found.table.label!r}")
             resp.headers.update(headers)
@@ -178,7 +180,8 @@ class KeyEndpoint(TableEndpoint):
                 "stream_version": stream_version,
                 "checkpoint": found.tables.checkpoint.live,
                 "store_position": found.tables.checkpoint.history,
-            },
+            }
+            | held_meta,
             200,
             **headers,
         )

@@ -13,6 +13,7 @@ from typing import Any
 from streamapp import App, Event, Redeliver, Table, TableView
 from streamapp.codecs import kafka as codec
 from streamapp.engine.assignment import Assignment
+from streamapp.engine.delivery import Parker
 from streamapp.engine.factory import TaskFactory
 from streamapp.engine.interfaces import TaskMetrics
 from streamapp.engine.metrics import NO_METRICS
@@ -65,8 +66,8 @@ def _fold(n: int) -> Any:
 class World:
     """One worker's assignment over some partitions of ``app``'s one agent."""
 
-    def __init__(self, app: App, metrics: TaskMetrics = NO_METRICS) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: App, metrics: TaskMetrics = NO_METRICS, park: Parker = no_park) -> None:
+        self.app, self.metrics, self.park = app, metrics, park
         self.agent = next(iter(app.agents.values()))
         self.assignment = Assignment(app)
         self.ports: dict[int, MemoryPort] = {}
@@ -84,7 +85,7 @@ class World:
             task = TaskFactory(
                 config=TaskConfig(redeliver_pause_s=0.0),
                 decode=lambda d: codec.decode(d.key, d.value, d.headers),
-                park=lambda agent, name: no_park,
+                park=lambda agent, name: self.park,
                 metrics=self.metrics,
             ).create(
                 self.app.agents_of(self.agent.topic.name),

@@ -44,7 +44,14 @@ def flush(pt: PartitionTables, offset: int) -> None:
 
 
 def test_spaces_for() -> None:
-    assert spaces_for([Table("a"), Table("b")]) == ["meta", "versions", "t:a", "t:b"]
+    assert spaces_for([Table("a"), Table("b")]) == [
+        "meta",
+        "versions",
+        "held",
+        "skipped",
+        "t:a",
+        "t:b",
+    ]
 
 
 @pytest.mark.parametrize("name", ["", "has space", "a/b", "x:y"])

@@ -112,7 +112,7 @@ async def test_min_version_never_reached_is_503(
 def test_committed_version_ignores_the_open_batch() -> None:
     app = orders_app()
     (agent,) = app.agents.values()
-    store = MemoryStore(["meta", "versions", "t:order_status"])
+    store = MemoryStore(["meta", "versions", "held", "skipped", "t:order_status"])
     tables = PartitionTables(agent.tables, store, 0)
     tables.record_version("s", 3)
     tables.commit_event()  # in the batch, not written

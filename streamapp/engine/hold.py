@@ -1,0 +1,230 @@
+"""Held streams: what a lane of ``Park(destination, hold="stream")`` does with them.
+
+An event that fails for good (its first attempt, or once a bounded Redeliver's attempts
+are spent) is parked, and its stream is **held** in the lane: a
+:class:`~streamapp.tables.held.HeldStream` set in the open batch, so it is written with
+the tables and the checkpoint and reaches the changelog with them. While the stream is
+held, each later event of it on that partition is parked behind, in order, without
+running the handler (outcome ``held``); every other stream goes on. Each parked copy is
+marked with the held stream (:data:`HELD_STREAM`) and its place in the hold
+(:data:`HELD_PLACE`, 1 for the event that failed). A park that is not confirmed leaves
+the delivery unsettled, as any park does: the partition redelivers it.
+
+An event at or below the stream version the table applied already is not parked: the
+stream-version guard skips it as before. A redelivery of an event parked behind already
+(its version at or below the hold's last) is settled without a second copy.
+
+**Release.** A replay (``streamapp parked replay``, ``streamapp store parked replay``)
+sends the parked copies back with their marks; the lane that holds the stream runs the
+one that is next in the stream (the hold's ``first``) through the handler, and the hold
+moves on to the next (stream versions are contiguous) until the last one held is
+applied: the stream is released. One that fails again holds the stream again from it;
+the copies sent back after it are parked again behind it, in order, not counted twice.
+A held event sent back marked :data:`~streamapp.republish.HELD_SKIP` (``streamapp parked
+skip``) is skipped for good instead: recorded in the lane's ``skipped`` state with the
+batch, logged, its stream version counted as applied; the only way an event is left out.
+A new live event of the stream during a release is parked behind the hold like any
+other, so it never overtakes a held one; the next replay sends it back after them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ..errors import DecodeError
+from ..events import Event
+from ..outcomes import parking
+from ..records import Delivery, DeliveryRecord
+from ..republish import HELD_PLACE, HELD_SKIP, HELD_STREAM
+from ..retry_chain import header
+from ..tables.held import HeldStream
+from ..tables.partition import PartitionTables
+from .interfaces import TaskMetrics
+
+if TYPE_CHECKING:
+    from .lane import Lane
+
+log = logging.getLogger("streamapp.agent")
+
+RELEASE = "release"
+"""What :func:`behind` answers for the head of a held stream sent back by a replay: run
+it through the handler, then :func:`released` moves the hold on."""
+
+
+def holds_streams(lane: Lane) -> PartitionTables | None:
+    """The lane's tables when its policy holds streams (None: it does not)."""
+    policy = parking(lane.agent.on_failure)
+    return lane.tables if policy is not None and policy.holds else None
+
+
+async def behind(
+    lane: Lane,
+    tables: PartitionTables,
+    record: Delivery,
+    item: Event | DecodeError,
+    metrics: TaskMetrics,
+) -> bool | str | None:
+    """What the lane does with ``record`` of a stream it may hold. None: the stream is
+    not held (or the guard skips the event, applied before the hold), the handler runs;
+    :data:`RELEASE`: the next held event, sent back by a replay, the handler runs;
+    True: parked behind the hold (confirmed), or a redelivery of an event parked already;
+    False: the park failed, the delivery stays unsettled."""
+    if isinstance(item, DecodeError) or not tables.holding:
+        return None
+    sid = item.stream_id
+    held = None if sid is None else tables.held(sid)
+    if held is None:
+        return None
+    version = item.stream_version
+    if version is not None and version <= tables.applied_version(held.stream):
+        return None  # applied before the hold: the guard skips it
+    sent_back = header(record.headers, HELD_STREAM) == held.stream.encode()
+    if sent_back and (version is None or held.first is None or version == held.first):
+        why = header(record.headers, HELD_SKIP)
+        if why is None:
+            return RELEASE
+        _skip(lane, tables, record, item, why.decode(errors="replace"))
+        return True
+    if not sent_back and held.parked_already(version):
+        return True
+    after = held if sent_back else held.behind(version)  # sent back: counted already
+    place = _place(held, version, after.events)
+    reason = f"stream {held.stream!r} is held from {held.place} ({held.error})"
+    if not await lane.park(_marked(record, held.stream, place), reason):
+        return False
+    tables.hold(after)
+    metrics.parked(lane.agent.name)
+    log.debug(
+        "agent %s: %s[%d]@%d parked behind held stream %r (place %d)",
+        lane.agent.name,
+        record.topic,
+        record.partition,
+        record.position,
+        held.stream,
+        place,
+    )
+    return True
+
+
+def _skip(lane: Lane, tables: PartitionTables, record: Delivery, item: Event, why: str) -> None:
+    """Skip the head of a held stream for good, on purpose (``streamapp parked skip``):
+    recorded in the lane's state with the batch, its stream version counted as applied,
+    logged; the hold moves on to the next event."""
+    sid, version = item.stream_id, item.stream_version
+    assert sid is not None
+    skipped = {
+        "stream": sid,
+        "event": item.id,
+        "version": version,
+        "position": record.position,
+        "reason": why,
+        "at_ms": int(time.time() * 1000),
+    }
+    tables.skip(sid, item.id, orjson.dumps(skipped))
+    if version is not None:
+        tables.record_version(sid, version)
+        tables.commit_event()
+    log.warning(
+        "agent %s: event %s of held stream %r (version %s) is skipped for good, on "
+        "purpose (streamapp parked skip: %s): the table never applies it",
+        lane.agent.name,
+        item.id,
+        sid,
+        version,
+        why,
+    )
+    released(lane, tables, item)
+
+
+def released(lane: Lane, tables: PartitionTables, item: Event | DecodeError) -> None:
+    """The head of a held stream, sent back, was applied (or filtered): the hold moves to
+    the next event, or the stream is released when it was the last one held."""
+    if isinstance(item, DecodeError) or item.stream_id is None:
+        return
+    held = tables.held(item.stream_id)
+    if held is None:
+        return
+    version = item.stream_version
+    if held.events <= 1 or (version is not None and held.last is not None and version >= held.last):
+        tables.release(held.stream)
+        log.warning(
+            "agent %s: stream %r is released: its held events are applied, in order",
+            lane.agent.name,
+            held.stream,
+        )
+        return
+    tables.hold(held.applied(version))
+
+
+async def hold_failed(lane: Lane, record: Delivery, item: Event, reason: str) -> bool:
+    """Park ``record``, which failed for good, as the first event of its stream's hold,
+    and hold the stream; True once the park is confirmed."""
+    tables = lane.tables
+    assert tables is not None
+    assert item.stream_id is not None
+    sid = item.stream_id
+    if not await lane.park(_marked(record, sid, 1), reason):
+        return False
+    before = tables.held(sid)  # sent back and failed again: held again from it
+    held = HeldStream(
+        stream=sid,
+        first=item.stream_version,
+        position=record.position,
+        event=item.id,
+        error=reason,
+        events=1 if before is None else before.events,
+        last=item.stream_version if before is None else before.last,
+        since_ms=int(time.time() * 1000) if before is None else before.since_ms,
+    )
+    tables.hold(held)
+    log.warning(
+        "agent %s: stream %r is held from %s (%s[%d]@%d, event %s): %s; its later events "
+        "on this partition are parked behind it until it is released (streamapp parked "
+        "replay, docs/failures.md)",
+        lane.agent.name,
+        sid,
+        held.place,
+        record.topic,
+        record.partition,
+        record.position,
+        item.id,
+        reason,
+    )
+    return True
+
+
+def _place(held: HeldStream, version: int | None, counted: int) -> int:
+    """The place of the event of stream version ``version`` in ``held`` (1-based)."""
+    if version is not None and held.first is not None:
+        return version - held.first + 1
+    return counted
+
+
+def _marked(record: Delivery, stream: str, place: int) -> Delivery:
+    headers = (
+        *((n, v) for n, v in record.headers if n not in (HELD_STREAM, HELD_PLACE)),
+        (HELD_STREAM, stream.encode()),
+        (HELD_PLACE, str(place).encode()),
+    )
+    return DeliveryRecord(
+        record.topic, record.partition, record.position, record.key, record.value, headers
+    )
+
+
+def held_counts(lanes: Iterable[Lane]) -> dict[str, tuple[int, int]]:
+    """Per agent of ``lanes`` that holds streams: its held streams and the events they
+    hold (committed state; agents that hold none are there with zeros)."""
+    out: dict[str, tuple[int, int]] = {}
+    for lane in lanes:
+        tables = holds_streams(lane)
+        if tables is None:
+            continue
+        held = tables.held_streams().values()
+        streams, events = out.get(lane.name, (0, 0))
+        out[lane.name] = (streams + len(held), events + sum(h.events for h in held))
+    return out

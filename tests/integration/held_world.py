@@ -1,0 +1,169 @@
+"""The held-stream scenario shared by the Kafka, RabbitMQ and embedded tests.
+
+1,000 streams of ``tests/apps/held_app.py``, three events each, sent version by version
+(every stream's 1, then every 2, then every 3), with the second event of five streams in
+the middle poison: while the gate file exists they fail, and hold their streams. What a
+table must then be is the fixed handler's fold from scratch (:func:`expected`): the
+same :func:`~tests.apps.held_app.fold`, over each stream's events in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from streamapp import App, Event
+from streamapp.codecs import amqp as codec
+from streamapp.rabbitmq.sink import RabbitSink
+from streamapp.web.held import HELD_HEADER
+from tests.apps.held_app import fold
+from tests.support.waits import frozen, until
+
+from .harness import WorkerProc, alive
+
+STREAMS = 1000
+POISONED = tuple(f"acct-{i}" for i in (150, 350, 500, 650, 850))
+
+
+def events(streams: int = STREAMS, versions: tuple[int, ...] = (1, 2, 3)) -> list[Event]:
+    """Every stream's events of ``versions``, version by version; the 2s of
+    :data:`POISONED` are poison."""
+    out = []
+    for version in versions:
+        for i in range(streams):
+            sid = f"acct-{i}"
+            kind = "poison" if version == 2 and sid in POISONED else "moved"
+            data = {"amount": (i * 7 + version * 13) % 101}
+            out.append(Event.create(kind, stream_id=sid, data=data, version=version))
+    return out
+
+
+def later(version: int) -> list[Event]:
+    """A live event of each poisoned stream at ``version`` (after its held ones)."""
+    return [
+        Event.create("moved", stream_id=sid, data={"amount": version}, version=version)
+        for sid in POISONED
+    ]
+
+
+def expected(sent: list[Event], *, held: bool) -> dict[str, dict[str, Any] | None]:
+    """Each stream's value, folded from scratch by the fixed handler; with ``held``,
+    the poisoned streams stop before their version 2 (their last applied value)."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for event in sorted(sent, key=lambda e: e.stream_version or 0):
+        sid = event.stream_id
+        assert sid is not None
+        if held and sid in POISONED and (event.stream_version or 0) >= 2:
+            out.setdefault(sid, None)
+            continue
+        out[sid] = fold(out.get(sid), event)
+    return out
+
+
+async def read(worker: WorkerProc, keys: list[str]) -> dict[str, tuple[Any, str | None]]:
+    """Each key's value and its ``Streamapp-Stream-Held`` header, from ``worker`` (one
+    worker owns every partition); a 503 (restoring, catching up) is asked again."""
+    out: dict[str, tuple[Any, str | None]] = {}
+    sem = asyncio.Semaphore(32)
+    async with aiohttp.ClientSession() as http:
+
+        async def one(key: str) -> None:
+            async def answer() -> tuple[Any, str | None] | None:
+                async with http.get(f"http://127.0.0.1:{worker.port}/tables/balances/{key}") as r:
+                    if r.status == 503:
+                        return None
+                    assert r.status in (200, 404), (key, r.status, await r.text())
+                    body = await r.json() if r.status == 200 else None
+                    return body, r.headers.get(HELD_HEADER)
+
+            async with sem:
+                out[key] = await until(answer, what=f"{key} answered", stalled_s=60, poll_s=0.2)
+
+        await asyncio.gather(*(one(k) for k in keys))
+    return out
+
+
+async def wait_table(
+    worker: WorkerProc, want: dict[str, dict[str, Any] | None], held: set[str]
+) -> None:
+    """Until every key of ``want`` has its value, the keys of ``held`` with the header
+    (the stream is held from version 2) and no other key with it; fails, naming what is
+    wrong, once the answers stood still for 60 s."""
+    seen: dict[str, tuple[Any, str | None]] = {}
+
+    def wrong() -> dict[str, Any]:
+        return {
+            k: (seen.get(k), v, k in held)
+            for k, v in want.items()
+            if seen.get(k) != (v, "2" if k in held else None)
+        }
+
+    async def check() -> bool:
+        alive([worker])
+        seen.update(await read(worker, list(want)))
+        return not wrong()
+
+    await until(
+        check,
+        what=f"{len(want)} streams exact, {len(held)} held",
+        progress=lambda: frozen(seen),
+        stalled_s=60,
+        poll_s=0.5,
+        detail=lambda: dict(list(wrong().items())[:5]),
+    )
+
+
+def held_counts(status: dict[str, Any] | None) -> tuple[int, int] | None:
+    """The agent's held streams and events in a /status answer (None: no answer)."""
+    if status is None:
+        return None
+    agent = status["agents"]["apply"]
+    return agent["held_streams"], agent["held_events"]
+
+
+async def wait_held(worker: WorkerProc, streams: int, events: int) -> None:
+    """Until ``worker``'s /status counts ``streams`` held streams holding ``events``."""
+    seen: list[Any] = [None]
+
+    async def check() -> bool:
+        alive([worker])
+        seen[0] = held_counts(await worker.status())
+        return seen[0] == (streams, events)
+
+    await until(
+        check,
+        what=f"{streams} held streams, {events} held events",
+        progress=lambda: seen[0],
+        stalled_s=60,
+        poll_s=0.3,
+        detail=lambda: (seen[0], worker.log_text()[-2000:]),
+    )
+
+
+async def send(amqp: str, topic: str, events: list[Event]) -> None:
+    """Publish ``events`` to RabbitMQ topic ``topic`` (2 partitions) as a producer would."""
+    settings = App("held-test-sender", broker="rabbitmq", amqp_url=amqp).settings()
+    sink = RabbitSink(settings, {topic: 2})
+    await sink.start()
+    try:
+        messages = [codec.encode(event) for event in events]
+        for key, value, headers in messages:
+            await sink.publish(topic, value, key=key, headers=headers)
+    finally:
+        await sink.stop()
+
+
+async def wait_killed(worker: WorkerProc) -> None:
+    """Until ``worker`` killed itself (``STREAMAPP_TEST_HELD_KILL``: SIGKILL in the middle
+    of a release); fails once its log stood still for 60 s with it alive."""
+    await until(
+        lambda: not worker.alive,
+        what="the worker killed in the middle of the release",
+        progress=worker.log_size,
+        stalled_s=60,
+        poll_s=0.2,
+    )
+    assert worker.proc is not None
+    assert worker.proc.returncode == -9, worker.log_text()[-2000:]

@@ -1,0 +1,143 @@
+"""Held streams on real Kafka (``Park(destination, hold="stream")``), with real worker
+processes: 1,000 streams, five poison events in the middle of five of them.
+
+While the handler fails, the other 995 streams are exact and the five answer their last
+applied value with ``Streamapp-Stream-Held``; a ``kill -9`` during the hold and a worker
+on a fresh data directory (restored from the changelog) keeps them held, and their new
+live events park behind. Then the handler is fixed, ``streamapp parked replay`` releases
+them in order while more live events of them arrive, and the worker is killed (SIGKILL,
+by the handler itself) at the first held event it applies; every
+stream then equals the fixed handler's fold from scratch (``tests/integration/held_world.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support.waits import until
+
+from .harness import (
+    ROOT,
+    WorkerProc,
+    app_env,
+    create_topics,
+    produce,
+    streamapp_cmd,
+    topic_size,
+    wait_caught_up,
+    wait_ready,
+)
+from .held_world import (
+    POISONED,
+    STREAMS,
+    events,
+    expected,
+    later,
+    wait_held,
+    wait_killed,
+    wait_table,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+APP = "tests.apps.held_app:app"
+
+
+def replay(bootstrap: str, ns: str, parking: str) -> int:
+    """``streamapp parked replay``: how many records it sent back."""
+    out = subprocess.run(
+        streamapp_cmd("parked", "replay", "-A", APP, "--topic", parking),
+        env=app_env(bootstrap, ns),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    found = re.search(r"sent (\d+) records back", out.stdout)
+    assert found is not None, out.stdout
+    return int(found.group(1))
+
+
+async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    ns = f"hsk{uuid.uuid4().hex[:6]}-"
+    create_topics(kafka_bootstrap, ns, APP)
+    source, parking, group = f"{ns}hs-moves", f"{ns}hs-moves.parked", f"{ns}hs"
+    gate = tmp_path / "gate"
+    gate.touch()
+    env = {"STREAMAPP_TEST_HELD_GATE": str(gate)}
+
+    def worker(data: str, **extra: str) -> WorkerProc:
+        log = tmp_path / f"{data}.log"
+        return WorkerProc(
+            kafka_bootstrap, ns, tmp_path / data, log, app_ref=APP, extra_env=env | extra
+        ).start()
+
+    sent = events()
+    await produce(kafka_bootstrap, source, sent)
+    first = worker("one")
+    try:
+        await wait_ready(first)
+        await wait_table(first, expected(sent, held=True), set(POISONED))
+        await wait_held(first, 5, 10)  # each: its poison 2 and the 3 behind it
+    finally:
+        first.kill()  # kill -9 during the hold
+
+    # A worker on an empty data directory: the holds come back from the changelog.
+    second = worker("two", STREAMAPP_TEST_HELD_KILL=str(tmp_path / "killed"))
+    try:
+        await wait_ready(second)
+        await wait_held(second, 5, 10)
+        live = later(4)
+        await produce(kafka_bootstrap, source, live)  # live events of the held streams
+        sent += live
+        await wait_held(second, 5, 15)  # parked behind, not applied
+        await wait_caught_up(kafka_bootstrap, group, source, 60, [second])
+        await wait_table(second, expected(sent, held=True), set(POISONED))
+        assert await topic_size(kafka_bootstrap, parking) == 15
+
+        gate.unlink()  # the handler is fixed
+        more = later(5)
+        sending = asyncio.create_task(produce(kafka_bootstrap, source, more))  # during it
+        assert replay(kafka_bootstrap, ns, parking) == 15
+        await sending
+        sent += more
+        await wait_killed(second)  # kill -9 at its first poison event applied
+    finally:
+        second.kill()
+
+    third = worker("two")
+    try:
+        await wait_ready(third)
+        rounds = 0
+
+        async def released() -> bool:
+            """Caught up and nothing held; else one more replay (what was parked since
+            the last: a live event that came during the release)."""
+            nonlocal rounds
+            await wait_caught_up(kafka_bootstrap, group, source, 60, [third])
+            status = await third.status()
+            assert status is not None
+            if status["agents"]["apply"]["held_streams"] == 0:
+                return True
+            rounds += 1
+            replay(kafka_bootstrap, ns, parking)
+            return False
+
+        await until(released, what="every held stream released", progress=lambda: rounds)
+        assert rounds <= 2
+        await wait_table(third, expected(sent, held=False), set())
+        assert len(expected(sent, held=False)) == STREAMS
+        log = third.log_text()
+        assert "is released: its held events are applied, in order" in log
+    finally:
+        assert third.stop() == 0

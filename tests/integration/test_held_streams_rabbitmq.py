@@ -1,0 +1,125 @@
+"""Held streams on real RabbitMQ, with real worker processes: the scenario of
+``tests/integration/held_world.py``.
+
+Events are published to the app's exchange as a producer would (the event store stays
+empty: the worker's partitions resume from their local stores, where the holds are
+written with the tables and the checkpoint). ``streamapp parked replay`` sends the
+parking queues' messages back; ``kill -9`` during the hold and during the release
+(SIGKILL at the first held event the fixed handler applies), and live events during the
+release, leave every stream equal to the fixed handler's fold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Services
+from tests.support.waits import until
+
+from .harness import ROOT, WorkerProc, app_env, streamapp_cmd, wait_ready
+from .held_world import (
+    POISONED,
+    events,
+    expected,
+    held_counts,
+    later,
+    send,
+    wait_held,
+    wait_killed,
+    wait_table,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+APP = "tests.apps.held_app:app"
+NO_KAFKA = "127.0.0.1:1"
+
+
+async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
+    services: Services, tmp_path: Path
+) -> None:
+    amqp = services.amqp
+    ns = f"hsr{uuid.uuid4().hex[:6]}-"
+    source = f"{ns}hs-moves"
+    gate = tmp_path / "gate"
+    gate.touch()
+    env = {
+        "STREAMAPP_BROKER": "rabbitmq",
+        "STREAMAPP_AMQP_URL": amqp,
+        "STREAMAPP_TEST_HELD_GATE": str(gate),
+    }
+
+    def cli(*args: str) -> str:
+        out = subprocess.run(
+            streamapp_cmd(*args, "-A", APP),
+            env=app_env(NO_KAFKA, ns, **env),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def worker(**extra: str) -> WorkerProc:
+        log = tmp_path / "worker.log"
+        return WorkerProc(
+            NO_KAFKA, ns, tmp_path / "data", log, app_ref=APP, extra_env=env | extra
+        ).start()
+
+    cli("topics", "create")
+    first = worker()
+    sent = events()
+    try:
+        await wait_ready(first)
+        await send(amqp, source, sent)
+        await wait_table(first, expected(sent, held=True), set(POISONED))
+        await wait_held(first, 5, 10)
+    finally:
+        first.kill()  # kill -9 during the hold
+
+    second = worker(STREAMAPP_TEST_HELD_KILL=str(tmp_path / "killed"))
+    try:
+        await wait_ready(second)
+        await wait_held(second, 5, 10)
+        live = later(4)
+        await send(amqp, source, live)
+        sent += live
+        await wait_held(second, 5, 15)
+        await wait_table(second, expected(sent, held=True), set(POISONED))
+
+        gate.unlink()  # the handler is fixed
+        more = later(5)
+        sending = asyncio.create_task(send(amqp, source, more))  # during the release
+        assert "sent 15 records back" in cli("parked", "replay", "--topic", f"{source}.parked")
+        await sending
+        sent += more
+        await wait_killed(second)  # kill -9 at its first poison event applied
+    finally:
+        second.kill()
+
+    third = worker()
+    try:
+        await wait_ready(third)
+        seen: list[object] = [None]
+
+        async def released() -> bool:
+            """Nothing held; else send back what was parked since (a live event that
+            came during the release)."""
+            seen[0] = held_counts(await third.status())
+            if seen[0] == (0, 0):
+                return True
+            cli("parked", "replay", "--topic", f"{source}.parked")
+            return False
+
+        await until(released, what="every held stream released", progress=lambda: seen[0])
+        await wait_table(third, expected(sent, held=False), set())
+        assert "is released: its held events are applied, in order" in third.log_text()
+    finally:
+        assert third.stop() == 0
