@@ -23,7 +23,9 @@ served on its own: it is given its share of the read at its position as soon as 
 applied its last one (one share at a time: its events stay in order, each committed
 with its next store position). Partitions so apply concurrently, live followers are
 served first and every poll interval, and the chunks read are kept while a member
-behind the others still needs them, so the store is still read about once.
+behind the others still needs them, so the store is still read about once. A share
+holds every event of the member from its position: a member that fell below a read
+while it was made (a build joining the store's followers) is served by a lower read.
 """
 
 from __future__ import annotations
@@ -270,10 +272,17 @@ class StoreFeed:
 
     def _dispatch(self, group: list[Replayed], read: _Read) -> list[Replayed]:
         """Start applying each member's share of ``read``; at the store's head, release
-        the members that have everything. Returns the members beyond ``read``."""
+        the members that have everything. Returns the members ``read`` does not hold:
+        beyond it, or now below its start (their next read starts lower)."""
         beyond: list[Replayed] = []
         for task in group:
             position = task.history_position()
+            if position < read.start:
+                # It moved below the read while the read was made (a build joined the
+                # store's followers at a lower position): a share cut from here would
+                # miss its events from ``position`` up to ``read.start``.
+                beyond.append(task)
+                continue
             if position >= read.end:
                 if not read.at_head:
                     beyond.append(task)

@@ -24,8 +24,10 @@ async def test_v2_built_beside_v1_switch_and_retire_embedded(
 ) -> None:
     """Run five times: on 2026-12-03 a v2 built beside v1 in embedded mode ended some keys
     an event short (or folded wrong) in 3 of 9 runs of the restart case at ``57c6ced``
-    (0 of 5 at ``acff598``): a race in the store feed's build/join path, not yet fixed.
-    One run alone lets it through two times in three."""
+    (0 of 5 at ``acff598``): a build joining the store's followers below their read in
+    flight got a share cut from the read's start (fixed in ``StoreFeed._dispatch``;
+    ``tests/unit/test_lane_build.py`` holds it deterministically). One run alone let it
+    through two times in three."""
     url = f"sqlite:///{tmp_path / 'events.db'}"
     env = {"STREAMAPP_BROKER": "none", "STREAMAPP_EVENT_STORE": url, "VERSIONS_VARIANT": "v1"}
     ns = f"tve{uuid.uuid4().hex[:6]}-"

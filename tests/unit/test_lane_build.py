@@ -26,6 +26,7 @@ from streamapp.tables.partition import CHECKPOINT_KEY, META, spaces_for
 from streamapp.tables.store import MemoryStore
 from streamapp.topics import TopicSpec
 from tests.support.doubles import MemoryPort
+from tests.support.waits import until
 
 V1: Table[int] = Table("counts")
 V2: Table[int] = Table("counts", version=2)
@@ -185,4 +186,89 @@ async def test_a_share_cut_above_a_lanes_position_leaves_that_lane_where_it_stan
         assert sum(v for _, v in lane2.tables.views[0].items()) == 0  # v2 got nothing
     finally:
         await task.close()
+        await store.close()
+
+
+class HeldReads:
+    """The event store, with the read from ``held`` waiting at a gate (``reading`` is
+    set once it started): a read in flight while a build joins the store's followers.
+    Every other call goes to the store."""
+
+    def __init__(self, store: Any, held: int) -> None:
+        self.store, self.url, self.held = store, store.url, held
+        self.reading, self.gate = asyncio.Event(), asyncio.Event()
+
+    async def read_rows(self, start: int, limit: int) -> Any:
+        rows = await self.store.read_rows(start, limit)
+        if start == self.held and not self.gate.is_set():
+            self.reading.set()
+            await self.gate.wait()
+        return rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+async def test_a_build_joining_the_followers_during_their_read_gets_every_event(
+    tmp_path: Path,
+) -> None:
+    """Embedded: the feed reads for the store's followers from v1's position (201); a
+    build that catches up at a lower position (101) joins them while that read is in
+    flight. The feed must not cut the follower's share from the read's start with the
+    joined lane's position as its start: v2 would be moved to 301 without events
+    101-200 (a v2 that ends keys events short, seen in test_table_versions_embedded)."""
+    store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
+    await store.append_many([Append(f"s{i % 5}", [_event(i)]) for i in range(300)])
+
+    async def fold(event: Event, counts: TableView[int]) -> None:
+        sid = event.stream_id or ""
+        counts[sid] = counts.get(sid, 0) + 1
+
+    one = Agent("v1", fold, TOPIC, (V1,), history=FromEventStore())
+    two = Agent("v2", fold, TOPIC, (V2,), history=FromEventStore())
+    stores = {"v1": MemoryStore(spaces_for([V1])), "v2": MemoryStore(spaces_for([V2]))}
+    for name, at, label in (("v1", 201, "counts"), ("v2", 101, V2.label)):  # v2 behind
+        cp = Checkpoint(live=0, history=at, caught_up=True, partitions=1, tables=(label,))
+        stores[name].write({META: {CHECKPOINT_KEY: cp.encode()}})
+    held = HeldReads(store, 201)
+    feed = StoreFeed(held, poll_s=0.01)
+
+    async def park(delivery: Delivery, reason: str) -> bool:
+        return False
+
+    task = TaskFactory(
+        config=TaskConfig(redeliver_pause_s=0.0),
+        decode=lambda d: codec.decode(d.key, d.value, d.headers),
+        park=lambda agent, name: park,
+        history=feed,
+    ).create([one, two], 0, MemoryPort(), name="orders[0]", open_store=lambda a, s: stores[a.name])
+    lane1, lane2 = task.lanes
+    feed.start()
+    task.start()
+    try:
+        await _accepting(task)
+        task.replay.lanes = [lane1]  # the store's followers: v1 (embedded, as go_live sets)
+        feed.follow(task.replay)
+        await asyncio.wait_for(held.reading.wait(), 10)  # the followers' read from 201
+        task.replay.lanes = [lane1, lane2]  # v2 joins them at 101 meanwhile
+        held.gate.set()
+
+        def positions() -> tuple[int, int]:
+            return lane1.history_position(), lane2.history_position()
+
+        await until(
+            lambda: positions() == (301, 301),
+            what="both lanes at the store's head",
+            progress=positions,
+            stalled_s=10,
+            poll_s=0.005,
+        )
+        assert lane1.tables is not None
+        assert lane2.tables is not None
+        assert sum(v for _, v in lane1.tables.views[0].items()) == 100  # 201-300
+        assert sum(v for _, v in lane2.tables.views[0].items()) == 200  # 101-300, none lost
+    finally:
+        held.gate.set()
+        await task.close()
+        await feed.stop()
         await store.close()
