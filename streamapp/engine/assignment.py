@@ -151,7 +151,7 @@ def read_store(
         raise TableUnavailableError(
             f"table {table.label!r} partition {partition} is not owned by this worker (yet)"
         )
-    tables = task.tables_for(table.label)
+    tables = task.state.tables_for(table.label)
     if tables is None or task.phase is not Phase.LIVE:
         raise TableUnavailableError(
             f"table {table.label!r} partition {partition} is {task.phase.value} here"

@@ -150,7 +150,7 @@ class LaneBuild:
                 try:
                     done, deliveries = await asyncio.shield(self.work)
                 except FencedError as exc:
-                    task._lost(exc)
+                    task.mark_lost(exc)
                     return False
                 except asyncio.CancelledError:
                     current = asyncio.current_task()
@@ -163,7 +163,7 @@ class LaneBuild:
                     return False
                 except Exception as exc:
                     log.error("%s: replayed batch failed (%r); it is read again", self.name, exc)
-                    await task._recover()
+                    await task.recover()
                     return False
             finally:
                 task.turn.release()
@@ -205,7 +205,7 @@ class LaneBuild:
 
     def _done(self, runner: asyncio.Task[None]) -> None:
         if not runner.cancelled() and (exc := runner.exception()) is not None:
-            self._task._fail(exc, f"{self.name}: the build failed: {exc!r}")
+            self._task.fail(exc, f"{self.name}: the build failed: {exc!r}")
 
     async def _run(self) -> None:
         task = self._task
@@ -225,7 +225,7 @@ class LaneBuild:
                     return
         finally:
             task.joining -= 1
-        task._busy = True  # the source feeds nothing meanwhile (it asks to reseek)
+        task.busy = True  # the source feeds nothing meanwhile (it asks to reseek)
         task.port.pause()
         try:
             if not task.port.absolute and not task.replay.follows_store:
@@ -239,9 +239,9 @@ class LaneBuild:
                     await self._join(joins_at)
         finally:
             if task.phase is Phase.LIVE:
-                if task._reseek and task.next_position is not None:
-                    task._rewind(task.next_position)
-                task._busy = False
+                if task.reseek and task.next_position is not None:
+                    task.rewind(task.next_position)
+                task.busy = False
                 task.port.resume()
 
     async def _join(self, joins_at: int | None) -> None:
@@ -253,13 +253,13 @@ class LaneBuild:
         elif task.port.absolute and joins_at is not None:
             at = joins_at
             if task.next_position is not None and task.next_position > at:
-                task._rewind(at)
-                task._next = at
+                task.rewind(at)
+                task.place(at)
         else:  # a queue: held since the last read (see _run)
             at = joins_at
         done = {lane: lane.history_position() for lane in self.lanes}
         caught_up = history_at(done, caught_up=True)
-        await task._commit(
+        await task.commit(
             None,
             lambda lane, cp: caught_up(lane, cp).advanced(live=at) if lane in done else cp,
         )

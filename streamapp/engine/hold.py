@@ -84,7 +84,7 @@ async def behind(
     if version is not None and version <= tables.applied_version(held.stream):
         return None  # applied before the hold: the guard skips it
     sent_back = header(record.headers, HELD_STREAM) == held.stream.encode()
-    if sent_back and (version is None or held.first is None or version == held.first):
+    if sent_back and held.heads(version):
         why = header(record.headers, HELD_SKIP)
         if why is None:
             return RELEASE

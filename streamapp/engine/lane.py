@@ -134,6 +134,11 @@ class Lane:
         live lanes. Changed by the task alone (``transition_to``, ``transition_lane``)."""
         return self._phase
 
+    def move_to(self, phase: Phase) -> None:
+        """Set the lane's phase; the task checks the move first (``transition_to``,
+        ``transition_lane``: the only callers)."""
+        self._phase = phase
+
     def configure(
         self, stop: asyncio.Event, *, waits: bool, clock: Callable[[], float], delayed: str
     ) -> None:

@@ -1,6 +1,6 @@
 """Opening a partition: open and restore its stores, catch up, start the live source
 where the state stands (:mod:`streamapp.engine.start_plan` decides where), retrying with
-back-off; and the way back of a task kept over a rebalance (rejoin)."""
+back-off; and a task kept over a rebalance (suspend, then rejoin)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,28 @@ if TYPE_CHECKING:
 log = logging.getLogger("streamapp.partition")
 
 
+async def suspend_partition(task: PartitionTask) -> bool:
+    """The group revokes the partition, and may hand it back in the same rebalance:
+    finish the batch in hand (it commits) and keep stores and transaction open. False
+    when the task cannot be kept (not live, or its batch did not finish): the caller
+    closes it then. A kept task takes no deliveries until it rejoins."""
+    if task.phase is not Phase.LIVE or any(lane.building for lane in task.lanes):
+        return False  # a building lane resumes from its checkpoint when reopened
+    task.busy = True  # nothing is fed while suspended
+    task.hold_ahead()  # the batch in hand ends after itself
+    batch = task.batch
+    if batch is not None and not batch.done():
+        try:
+            await asyncio.wait_for(asyncio.shield(batch), task.config.close_budget_s)
+        except Exception as exc:
+            log.warning("%s: batch did not finish on revoke (%r): closed", task.name, exc)
+            return False
+    kept = task.phase is Phase.LIVE  # not lost, failed or closed meanwhile
+    if kept:
+        task.transition_to(Phase.SUSPENDED)
+    return kept
+
+
 async def rejoin_partition(task: PartitionTask) -> None:
     """The kept task's way back (see :meth:`PartitionTask.rejoin`)."""
     try:
@@ -37,11 +59,11 @@ async def rejoin_partition(task: PartitionTask) -> None:
             start = await task.port.begin(None, stateful=False)
             for lane in task.lanes:
                 lane.next = lane.committed = start
-            task._next = start
+            task.place(start)
     except asyncio.CancelledError:
         raise
     except FencedError as exc:
-        task._lost(exc)
+        task.mark_lost(exc)
         return
     except Exception as exc:
         log.warning("%s: kept open, but cannot go on (%r): opened again", task.name, exc)
@@ -49,11 +71,11 @@ async def rejoin_partition(task: PartitionTask) -> None:
         task.transition_to(Phase.RESTORING)
         await open_partition(task)
         return
-    if task._closing.is_set() or task.phase is not Phase.LIVE:
+    if task.closing.is_set() or task.phase is not Phase.LIVE:
         return
     if task.next_position is not None:
-        task._rewind(task.next_position)
-    task._busy = False
+        task.rewind(task.next_position)
+    task.busy = False
     task.port.resume()
     log.debug("live %s again at position %s (kept open)", task.name, task.next_position)
 
@@ -61,7 +83,7 @@ async def rejoin_partition(task: PartitionTask) -> None:
 async def open_partition(task: PartitionTask) -> None:
     """Open, restore, catch up and go live, retrying with back-off: a partition is
     never left paused without an owner task (a lock still held, a broker hiccup)."""
-    pace = Pace(task._closing)
+    pace = Pace(task.closing)
     while task.phase in (Phase.RESTORING, Phase.CATCHING_UP):
         try:
             await task.state.open()
@@ -79,12 +101,12 @@ async def open_partition(task: PartitionTask) -> None:
         except asyncio.CancelledError:
             raise
         except FencedError as exc:
-            task._lost(exc)
+            task.mark_lost(exc)
             return
         except StoreCorruptError as exc:
             await task.state.release()
             await task.state.discard_damaged(exc)  # raises when it cannot be rebuilt
-            if task._closing.is_set():
+            if task.closing.is_set():
                 return
             task.transition_to(Phase.RESTORING)  # at once: opened empty, then restored
         except (ConfigError, StoreFormatError):
@@ -92,7 +114,7 @@ async def open_partition(task: PartitionTask) -> None:
         except Exception as exc:
             log.error("%s: opening failed (%r); retrying in %.1fs", task.name, exc, pace.delay)
             await task.state.release()
-            if task._closing.is_set():
+            if task.closing.is_set():
                 return
             task.transition_to(Phase.RESTORING)
             await pace.wait()
@@ -119,7 +141,7 @@ async def go_live(task: PartitionTask) -> None:
     placed = place(lanes, begun, absolute=task.port.absolute)
     if placed.rewind_to is not None:
         task.port.rewind(placed.rewind_to)
-    if task._closing.is_set():  # closed while the source began: stay closed
+    if task.closing.is_set():  # closed while the source began: stay closed
         return
     start = placed.start
     task.replay.lanes = live if task.replay.follows_store else []
@@ -127,11 +149,11 @@ async def go_live(task: PartitionTask) -> None:
         lane.next = lane.committed = None
     for lane, position in zip(live, placed.positions, strict=True):
         lane.next = lane.committed = position
-    task._next = task._start = start
-    task._reseek = False
+    task.place(start, start=True)
+    task.reseek = False
     task.replay.recheck()
     if plan.settle:  # the group may be behind the tables (a replay, an older streamapp)
-        await task.port.settle(start, task._committer.ahead(start))
+        await task.port.settle(start, task.committer.ahead(start))
     task.transition_to(Phase.LIVE)
     task.port.resume()
     log.debug("live %s at position %d", task.name, start)
@@ -194,4 +216,4 @@ async def take_durable_positions(task: PartitionTask) -> None:
             lane.next = lane.committed = position
     held = [lane.committed for lane in task.lanes if lane.committed is not None]
     if held:
-        task._next = max(task.next_position, min(held))
+        task.place(max(task.next_position, min(held)))

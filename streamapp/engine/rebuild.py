@@ -30,12 +30,11 @@ def store_damaged(task: PartitionTask, lane: Lane, damage: StoreCorruptError) ->
     """``lane``'s store found itself corrupt (recorded by the task's state). A batch or
     an opening in progress sees the error and rebuilds; an idle live partition starts
     the rebuild now."""
-    if task.phase is Phase.LIVE and not task.busy and not task._closing.is_set():
-        task._busy = True  # nothing is fed meanwhile
+    if task.phase is Phase.LIVE and not task.busy and not task.closing.is_set():
+        task.busy = True  # nothing is fed meanwhile
         task.port.pause()
-        prior = task._batch
-        task._batch = asyncio.create_task(_rebuild_idle(task, prior), name=f"rebuild {task.name}")
-        task._batch.add_done_callback(task._batch_done)
+        prior = task.batch
+        task.run_batch(_rebuild_idle(task, prior), f"rebuild {task.name}")
 
 
 async def _rebuild_idle(task: PartitionTask, prior: asyncio.Future[Any] | None) -> None:
@@ -46,7 +45,7 @@ async def _rebuild_idle(task: PartitionTask, prior: asyncio.Future[Any] | None) 
         rebuilt = await rebuild_damaged(task)
     if not rebuilt:
         return
-    task._busy = False
+    task.busy = False
     task.port.resume()
 
 
@@ -69,28 +68,28 @@ async def rebuild_damaged(task: PartitionTask) -> bool:
             state.make_views()
             await _refill(task, [lane for lane in damaged if lane.tables is not None])
         except StoreCorruptError as exc:
-            if state.damaged and not task._closing.is_set():
+            if state.damaged and not task.closing.is_set():
                 continue  # another corrupt store found while rebuilding: that one too
-            task._fail(exc, f"{task.name}: {exc}")
+            task.fail(exc, f"{task.name}: {exc}")
             return False
         except FencedError as exc:
-            task._lost(exc)
+            task.mark_lost(exc)
             return False
-        if task._closing.is_set():
+        if task.closing.is_set():
             return False
     if task.phase is not Phase.LIVE:
         return False
     if task.next_position is not None:  # the dropped batch is fetched again
-        task._rewind(task.next_position)
+        task.rewind(task.next_position)
     return True
 
 
 async def _refill(task: PartitionTask, rebuilt: list[Lane]) -> None:
     """Fill the rebuilt (empty) stores again, retrying what a broker or the event store
     fails with back-off; the phase is live again once done."""
-    pace = Pace(task._closing)
+    pace = Pace(task.closing)
     replay = task.replay
-    while not task._closing.is_set():
+    while not task.closing.is_set():
         try:
             if task.transaction is not None:
                 await task.transaction.reset()  # aborts what the dropped batch began
@@ -104,7 +103,7 @@ async def _refill(task: PartitionTask, rebuilt: list[Lane]) -> None:
                 task.transition_to(Phase.CATCHING_UP)
                 await replay.run()
                 done = {lane: lane.history_position() for lane in replaying}
-                await task._commit(None, history_at(done, caught_up=True))
+                await task.commit(None, history_at(done, caught_up=True))
             live = [lane for lane in task.lanes if not lane.building]
             replay.lanes = live if replay.follows_store else []
             task.transition_to(Phase.LIVE)

@@ -32,7 +32,7 @@ async def recover(task: PartitionTask) -> bool:
     into the stores, as a new owner would: a batch that committed after all is in the
     stores and checkpoints then, and is not run again (its derived events and copies
     would go out twice)."""
-    pace = Pace(task._closing)
+    pace = Pace(task.closing)
     while task.phase in (Phase.LIVE, Phase.CATCHING_UP):
         if task.state.damaged and task.phase is Phase.LIVE:
             return await rebuild_damaged(task)
@@ -43,10 +43,10 @@ async def recover(task: PartitionTask) -> bool:
                 await task.transaction.reset()
                 await restore_tail(task)
             if task.next_position is not None and task.phase is Phase.LIVE:
-                task._rewind(task.next_position)
+                task.rewind(task.next_position)
             return True
         except FencedError as exc:
-            task._lost(exc)
+            task.mark_lost(exc)
             return False
         except Exception as exc:
             log.error("%s: rewind failed (%r); retrying in %.1fs", task.name, exc, pace.delay)

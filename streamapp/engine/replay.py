@@ -198,11 +198,11 @@ class Replay:
         work = asyncio.ensure_future(
             self._apply_live(deliveries, next_position, start, live_from_store)
         )
-        task._batch = work
+        task.track(work)
         try:
             ok = await asyncio.shield(work)
         except FencedError as exc:
-            task._lost(exc)
+            task.mark_lost(exc)
             return False
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -215,7 +215,7 @@ class Replay:
             return False  # the store told the task: it is rebuilt, then fed again
         except Exception as exc:  # a failed commit: the checkpoint still holds
             log.error("%s: replayed batch failed (%r); it is read again", self.name, exc)
-            await task._recover()
+            await task.recover()
             return False
         return ok
 
@@ -271,7 +271,7 @@ class Replay:
         if task.phase is not Phase.CATCHING_UP:
             return
         done = {lane: lane.history_position() for lane in lanes}
-        marked = asyncio.ensure_future(task._commit(None, history_at(done, caught_up=True)))
+        marked = asyncio.ensure_future(task.commit(None, history_at(done, caught_up=True)))
         try:
             await asyncio.shield(marked)
         finally:  # a close meanwhile waits for the marker: its line tells what is durable
@@ -304,10 +304,10 @@ class Replay:
         async with task.turn:  # a building lane's part in hand commits first
             task.transition_to(Phase.CATCHING_UP)
         await self.run()  # a close ends the wait (the feed drops it)
-        if task.phase is not Phase.CATCHING_UP or task._closing.is_set():
+        if task.phase is not Phase.CATCHING_UP or task.closing.is_set():
             return
         done = {lane: lane.history_position() for lane in lanes}
-        await task._commit(None, history_at(done))
+        await task.commit(None, history_at(done))
         self.lanes = []
         task.transition_to(Phase.LIVE)
         applied = outcomes_of(task.lanes).get(Outcome.DELIVERED, 0) - before
@@ -328,7 +328,7 @@ class Replay:
         task = self._task
         replay = asyncio.ensure_future(self.history.catch_up(self))
         found = asyncio.ensure_future(task.state.damage_found.wait())
-        closing = asyncio.ensure_future(task._closing.wait())
+        closing = asyncio.ensure_future(task.closing.wait())
         waits = (replay, found, closing)
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -368,7 +368,7 @@ async def apply_part(
         if lane in lanes
     }
     if run.stop is None or run.reached != starts:
-        await task._commit(None, history_at(done))
+        await task.commit(None, history_at(done))
         for lane, position in done.items():
             lane.history_next = max(lane.history_next, position)
             lane.attempts.settled(position)
@@ -381,11 +381,11 @@ async def apply_part(
     for lane in run.failed:
         metrics.redelivery(lane.name)
     if run.refused is not None:
-        task._refused(run.refused)
+        task.refuse(run.refused)
         return False, deliveries
     if run.stop is None:
         return True, deliveries
-    if not run.cut or task._closing.is_set():
+    if not run.cut or task.closing.is_set():
         return False, deliveries
     return None, deliveries[settled:]  # out of budget: go on with the rest
 

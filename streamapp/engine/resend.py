@@ -155,7 +155,7 @@ async def _apply(
     if outcomes and record is not None:
         await record(outcomes)
     if done:
-        await task._commit(
+        await task.commit(
             None, lambda lane, cp: cp.advanced(resent=done[lane]) if lane in done else cp
         )
         for lane, last in done.items():
@@ -163,7 +163,7 @@ async def _apply(
                 state.marks[lane.name] = last
             _log_outcomes(task, lane, before[lane], last)
     if refused is not None:
-        task._refused(refused)
+        task.refuse(refused)
     return result
 
 

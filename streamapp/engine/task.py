@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ..agent import Agent
@@ -40,7 +40,7 @@ from .build import LaneBuild
 from .commit import Commit
 from .interfaces import PartitionPort, Transaction
 from .lane import SKIP, Lane, Run, run_lanes
-from .opening import open_partition, rejoin_partition
+from .opening import open_partition, rejoin_partition, suspend_partition
 from .pace import pause
 from .phase import Phase, check_transition
 from .rebuild import rebuild_damaged, store_damaged
@@ -80,10 +80,10 @@ class PartitionTask:
         self.transaction: Final = transaction
         self.history: Final = factory.history
         self._decode, self._on_fatal = factory.decode_for(self.topic, agents), factory.on_fatal
-        self._closing = asyncio.Event()
+        self.closing = asyncio.Event()
         """Set by :meth:`close`: ends a redelivery pause, a replay wait, a retry."""
-        self.lanes: Final = factory.lanes(agents, name, self._closing)
-        self._committer = Commit(self.lanes, port, transaction, factory.publish, self.metrics)
+        self.lanes: Final = factory.lanes(agents, name, self.closing)
+        self.committer = Commit(self.lanes, port, transaction, factory.publish, self.metrics)
         self.counts: Final = TaskCounts()
         self.state: Final = PartitionState(
             self.lanes,
@@ -106,7 +106,7 @@ class PartitionTask:
         self._start: int | None = None
         self._opening: asyncio.Task[None] | None = None
         self._batch: asyncio.Future[Any] | None = None
-        self._reseek = False
+        self.reseek = False
         self.ahead: Final = Ahead(port, config.max_batch_records)
         """What the source fetched while the batch in hand runs: the next batch."""
         self.joining = 0
@@ -139,18 +139,35 @@ class PartitionTask:
         """Outcomes of every delivery handled, live and replayed, summed over the agents."""
         return outcomes_of(self.lanes)
 
-    def tables_for(self, table: str) -> PartitionTables | None:
-        """The tables (of this partition) of the agent that owns ``table``, once open."""
-        return self.state.tables_for(table)
-
-    def table_sizes(self) -> dict[str, int]:
-        """Keys per table of this partition, where the store knows cheaply."""
-        return self.state.table_sizes()
-
     @property
     def busy(self) -> bool:
         """True while the task works on something (a batch, a rebuild, a rejoin)."""
         return self._busy
+
+    @busy.setter
+    def busy(self, on: bool) -> None:
+        """Set while nothing is fed to the task (a batch, a rebuild, a handover in hand)."""
+        self._busy = on
+
+    @property
+    def batch(self) -> asyncio.Future[Any] | None:
+        """The batch in hand (a close waits for it), if any."""
+        return self._batch
+
+    def track(self, work: asyncio.Future[Any]) -> None:
+        """``work`` is the batch in hand from now on (a replayed share, a rebuild)."""
+        self._batch = work
+
+    def run_batch(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` as the batch in hand; what it raises stops the partition."""
+        self._batch = asyncio.create_task(work, name=name)
+        self._batch.add_done_callback(self._batch_done)
+
+    def place(self, position: int, *, start: bool = False) -> None:
+        """The source position the task takes next (``start``: the term starts there)."""
+        self._next = position
+        if start:
+            self._start = position
 
     @property
     def fatal(self) -> BaseException | None:
@@ -193,16 +210,16 @@ class PartitionTask:
             if lane.building and not phase.stopped:  # a rebuild, a gap closing: it waits
                 continue
             lane.building = False
-            lane._phase = phase
+            lane.move_to(phase)
 
     def transition_lane(self, lane: Lane, phase: Phase) -> None:
         """Move one lane to ``phase`` as :data:`~streamapp.engine.phase.TRANSITIONS`
         allows: a lane that builds on its own (``catching_up``) while the task is live,
         and its handover (``live``, with the task's other lanes)."""
-        if self._phase.stopped or lane._phase is phase:
+        if self._phase.stopped or lane.phase is phase:
             return
-        check_transition(f"{self.name} of agent {lane.name}", lane._phase, phase)
-        lane._phase = phase
+        check_transition(f"{self.name} of agent {lane.name}", lane.phase, phase)
+        lane.move_to(phase)
         lane.building = phase is Phase.CATCHING_UP and self._phase is not Phase.CATCHING_UP
 
     @property
@@ -219,24 +236,8 @@ class PartitionTask:
     # kept across a rebalance -----------------------------------------------------
     async def suspend(self) -> bool:
         """The group revokes the partition, and may hand it back in the same rebalance:
-        finish the batch in hand (it commits) and keep stores and transaction open.
-        False when the task cannot be kept (not live, or its batch did not finish): the
-        caller closes it then. A kept task takes no deliveries until :meth:`rejoin`."""
-        if self.phase is not Phase.LIVE or any(lane.building for lane in self.lanes):
-            return False  # a building lane resumes from its checkpoint when reopened
-        self._busy = True  # nothing is fed while suspended
-        self._hold()  # the batch in hand ends after itself
-        batch = self._batch
-        if batch is not None and not batch.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(batch), self.config.close_budget_s)
-            except Exception as exc:
-                log.warning("%s: batch did not finish on revoke (%r): closed", self.name, exc)
-                return False
-        kept = self.phase is Phase.LIVE  # not lost, failed or closed meanwhile
-        if kept:
-            self.transition_to(Phase.SUSPENDED)
-        return kept
+        keep it (see :func:`~.opening.suspend_partition`); False: the caller closes it."""
+        return await suspend_partition(self)
 
     def rejoin(self) -> None:
         """The partition came back after :meth:`suspend`: in the background, fence and
@@ -249,9 +250,9 @@ class PartitionTask:
 
     def _opening_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:
-            self._fail(exc, f"{self.name}: cannot open: {exc}")
+            self.fail(exc, f"{self.name}: cannot open: {exc}")
 
-    def _fail(self, exc: BaseException, message: str) -> None:
+    def fail(self, exc: BaseException, message: str) -> None:
         """Stop this partition for good here: logged once, and the source is told, so the
         worker stops and leaves the group (the partition stays paused meanwhile)."""
         if self.phase is not Phase.FAILED:
@@ -272,7 +273,7 @@ class PartitionTask:
     async def close(self) -> None:
         """Finish the batch in hand (it commits), then close the transaction and stores."""
         self.transition_to(Phase.CLOSED)
-        self._closing.set()  # ends a redelivery pause and stops between chunks
+        self.closing.set()  # ends a redelivery pause and stops between chunks
         batch = self._batch
         parts = [b.work for b in self.builds if b.work is not None and not b.work.done()]
         try:
@@ -295,7 +296,7 @@ class PartitionTask:
             await self.state.release()
         log.info("closed %s: %s", self.name, resumes)
 
-    def _lost(self, exc: BaseException) -> None:
+    def mark_lost(self, exc: BaseException) -> None:
         if self.phase in (Phase.LOST, Phase.FAILED):
             return  # told already (a failure stands)
         self.transition_to(Phase.LOST)
@@ -327,10 +328,10 @@ class PartitionTask:
         """True while deliveries fetched ahead are taken (``ahead.add``)."""
         return self.ahead.taking and self._phase is Phase.LIVE
 
-    def _hold(self) -> None:
+    def hold_ahead(self) -> None:
         """Take nothing more ahead; what was dropped is fetched again after a rewind."""
         if self.ahead.hold():
-            self._reseek = True
+            self.reseek = True
 
     def recheck(self) -> None:
         """The source may have changed hands under this task (a queue with single active
@@ -341,11 +342,11 @@ class PartitionTask:
 
     def dropped(self) -> None:
         """Deliveries arrived while not accepting: rewind before resuming."""
-        self._reseek = True
+        self.reseek = True
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:
-            self._fail(exc, f"{self.name}: batch task died: {exc!r}")
+            self.fail(exc, f"{self.name}: batch task died: {exc!r}")
 
     async def process(self, deliveries: Sequence[Delivery]) -> None:
         """Run live ``deliveries`` (in order) through the agents, commit, then resume;
@@ -353,28 +354,28 @@ class PartitionTask:
         while True:
             wait_s = await self._process(deliveries)
             if wait_s is None:
-                self._hold()
+                self.hold_ahead()
                 return
             waiting = self.ahead.waiting
             if wait_s or not waiting or self.joining or self.state.damaged:
                 break
-            if self._phase is not Phase.LIVE or self._reseek:
+            if self._phase is not Phase.LIVE or self.reseek:
                 break
             deliveries = self.ahead.take()
         stopped = self._phase is not Phase.LIVE  # lost, failed or closed: stays paused
         if wait_s or self.ahead.waiting or self.joining or self.state.damaged or stopped:
-            self._hold()
+            self.hold_ahead()
         self.ahead.taking = False
         if self.state.damaged:
             async with self.turn:
                 rebuilt = await rebuild_damaged(self)
             if not rebuilt:
                 return
-        await pause(self._closing, wait_s)
+        await pause(self.closing, wait_s)
         if self.phase is not Phase.LIVE:
             return
-        if self._reseek and self.next_position is not None:
-            self._rewind(self.next_position)
+        if self.reseek and self.next_position is not None:
+            self.rewind(self.next_position)
         self._busy = False
         self.ahead.resumed()
         self.port.resume()
@@ -388,15 +389,15 @@ class PartitionTask:
             async with self.turn:
                 return await self._run_batch(deliveries)
         except FencedError as exc:
-            self._lost(exc)
+            self.mark_lost(exc)
             return None
         except Exception as exc:
-            self._hold()
+            self.hold_ahead()
             if isinstance(exc, StoreCorruptError) and self.state.damaged:
                 return 0.0  # rebuilt by the caller; the batch runs again after it
             log.error("%s: batch failed, rewinding to %s: %r", self.name, self.next_position, exc)
             async with self.turn:
-                recovered = await self._recover()
+                recovered = await self.recover()
             if not recovered:
                 return None
             return self.config.redeliver_pause_s
@@ -424,17 +425,17 @@ class PartitionTask:
                 last = i + size >= len(deliveries)
                 await self._commit_live(chunk, run, whole=last and run.stop is None)
             if run.refused is not None:
-                self._refused(run.refused)
+                self.refuse(run.refused)
                 return None
             if run.stop is not None:
-                self._rewind(min(run.reached))
+                self.rewind(min(run.reached))
                 wait_s = run.pause_s(self.metrics, self.config.redeliver_pause_s)
                 break
         return wait_s
 
-    def _refused(self, reason: str) -> None:
+    def refuse(self, reason: str) -> None:
         """An agent refused a delivery: what came before it is committed, it is not."""
-        self._fail(AgentRefusedError(reason), f"{self.name}: {reason}")
+        self.fail(AgentRefusedError(reason), f"{self.name}: {reason}")
 
     async def _commit_live(self, chunk: Sequence[Delivery], run: Run, *, whole: bool) -> None:
         """Commit ``chunk``'s run; ``whole``: it ran to the end of what the source handed
@@ -466,7 +467,7 @@ class PartitionTask:
                 cp = cp.advanced(history=position + 1)
             return cp
 
-        await self._commit(settle, advanced)
+        await self.commit(settle, advanced)
         for lane in self.lanes:
             lane.committed = lane.next
             if lane.next is not None:
@@ -476,24 +477,24 @@ class PartitionTask:
 
     def _fetched_on(self) -> bool:
         """Deliveries past the chunk in hand were fetched (waiting, or dropped)."""
-        return self._reseek or bool(self.ahead.waiting)
+        return self.reseek or bool(self.ahead.waiting)
 
-    def _rewind(self, position: int) -> None:
-        self._hold()  # what was fetched ahead is fetched again from ``position``
+    def rewind(self, position: int) -> None:
+        self.hold_ahead()  # what was fetched ahead is fetched again from ``position``
         self.port.rewind(position)
-        self._reseek = False
+        self.reseek = False
 
     # the commit order (engine/commit.py) -----------------------------------------------
-    async def _commit(
+    async def commit(
         self, settle_at: int | None, checkpoint: Callable[[Lane, Checkpoint], Checkpoint]
     ) -> None:
         """Commit every lane's open batch (see :class:`~streamapp.engine.commit.Commit`)."""
         try:
-            await self._committer(settle_at, checkpoint)
+            await self.committer(settle_at, checkpoint)
         except StoreBehindError as exc:
-            self._fail(exc, f"{self.name}: {exc}; its stores are restored from the changelogs")
+            self.fail(exc, f"{self.name}: {exc}; its stores are restored from the changelogs")
             raise
 
-    async def _recover(self) -> bool:
+    async def recover(self) -> bool:
         """After a failed commit: back to the durable state (:func:`~.recover.recover`)."""
         return await recover(self)

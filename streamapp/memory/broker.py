@@ -300,7 +300,7 @@ class MemoryBroker:
     def table(self, name: str) -> _TableReader:
         """Read the committed state of table ``name`` across partitions."""
         agent, table = self.app.tables[name]
-        return _TableReader(self, agent, table)
+        return _TableReader(self._stores, agent, table)
 
     def replay_parked(
         self, destination: str, *, stream: str | None = None, skip: str | None = None
@@ -478,8 +478,10 @@ class MemoryBroker:
 class _TableReader:
     """Committed state of one table, across its partitions."""
 
-    def __init__(self, broker: MemoryBroker, agent: Agent, table: Table[Any]) -> None:
-        self._broker, self._agent, self._table = broker, agent, table
+    def __init__(
+        self, stores: dict[tuple[str, int], MemoryStore], agent: Agent, table: Table[Any]
+    ) -> None:
+        self._stores, self._agent, self._table = stores, agent, table
 
     def get(self, key: str, default: Any = None) -> Any:
         raw = self._raw(key)
@@ -493,5 +495,5 @@ class _TableReader:
 
     def _raw(self, key: str) -> bytes | None:
         p = self._agent.topic.partition_of(key.encode())
-        store = self._broker._stores.get((self._agent.name, p))
+        store = self._stores.get((self._agent.name, p))
         return None if store is None else store.get(self._table.data_space, key.encode())

@@ -271,7 +271,7 @@ class RabbitMembership:
     def _rejoining(self) -> bool:
         """True while this member comes back after a lapse the others took for its end.
 
-        Unconfirmed for a session timeout or more (cut off from the broker; or a
+        Unconfirmed for about a session timeout or more (cut off from the broker; or a
         reconnect, whose new members queue lost what was sent meanwhile), it has been
         called gone and its partitions were given to others, and it has called them gone
         too. Like a member joining, it hears the group for two beats; then one rebalance
@@ -281,7 +281,8 @@ class RabbitMembership:
         lease = self._lease
         if self._rejoin is None:
             lapse = None if lease is None else lease.lease.unconfirmed_s()
-            if lapse is None or lapse < self.timeout_s:
+            # the others call it gone on their beat ticks: a beat's margin for their lag
+            if lapse is None or lapse < self.timeout_s - self.heartbeat_s:
                 return False
             self._rejoin = time.monotonic()
             self._rejoined = False
@@ -299,7 +300,7 @@ class RabbitMembership:
             if time.monotonic() - self._rejoin >= 2 * self.heartbeat_s:
                 self._kick.set()  # the rebalance that releases what others hold
             return True
-        self._rejoin = None
+        self._rejoin, self._rejoined = None, False
         return False
 
     def _heard(

@@ -125,7 +125,9 @@ class RabbitPartitionPort:
         self._closed = False
         """Closed by its task: a re-opened channel does not consume again."""
         self._heard = time.monotonic()
-        """When the last delivery came (or the port began consuming)."""
+        """When the last delivery came (or the port began consuming, or again)."""
+        self._consuming = asyncio.Lock()
+        """Held while the consumer is (re-)registered: one ``basic.consume`` at a time."""
 
     # PartitionPort -----------------------------------------------------------------
     def pause(self) -> None:
@@ -224,23 +226,23 @@ class RabbitPartitionPort:
         """The channel it consumes on (None before ``begin`` and after ``close``)."""
         return self._channel
 
-    async def consume_anew(self) -> None:
-        """Cancel its consumer and consume the queue again (to the back of its consumers)."""
+    async def consume_anew(self) -> bool:
+        """Cancel its consumer and consume the queue again (to the back of its
+        consumers); False when that failed (the caller tries again later)."""
         channel = self._channel
-        if channel is not None:
-            await self._consume_anew(channel)
-
-    async def _consume_anew(self, channel: AbstractChannel) -> None:
-        tag = self._consumer_tag
-        try:
-            if tag is not None:
-                underlay = await channel.get_underlay_channel()
-                await underlay.basic_cancel(tag)
-            if self.closed():
-                return
-            await self._consume(channel)
-        except Exception as exc:
-            log.warning("%s: consuming %s anew failed: %r", self.name, self.queue, exc)
+        if channel is None or self.closed():
+            return False
+        async with self._consuming:  # never beside a re-consume after a reconnect
+            try:
+                if self._consumer_tag is not None:
+                    underlay = await channel.get_underlay_channel()
+                    await underlay.basic_cancel(self._consumer_tag)
+                if not self.closed():
+                    await self._consume(channel)
+            except Exception as exc:
+                log.warning("%s: consuming %s anew failed: %r", self.name, self.queue, exc)
+                return False
+        return True
 
     # the consumer --------------------------------------------------------------------
     async def _consume(self, channel: AbstractChannel) -> None:
@@ -291,10 +293,12 @@ class RabbitPartitionPort:
         if self.closed():  # closed meanwhile: no consumer for a port nobody reads
             return
         try:
-            await self._consume(channel)
+            async with self._consuming:
+                await self._consume(channel)
         except Exception as exc:
             log.warning("%s: consuming %s again failed: %r", self.name, self.queue, exc)
             return
+        self._heard = time.monotonic()  # the time without a connection is no stall
         if self.closed():
             with contextlib.suppress(Exception):
                 await close_channel(channel, CLOSE_TIMEOUT_S)
@@ -365,6 +369,7 @@ class RabbitPartitionPort:
                 len(self._entries) + len(self._held),
             )
         self._life = channel
+        self._heard = time.monotonic()
         if self.on_renewed is not None:
             self.on_renewed()
         self._entries.clear()  # their tags died with the old channel

@@ -4,10 +4,9 @@ Each partition queue has a single active consumer. When the group moves a partit
 from a worker cut off from the broker, the broker keeps that worker's consumer active
 until it declares its connection dead (the AMQP heartbeat, setting ``amqp_heartbeat_s``):
 meanwhile the new owner's consumer waits, its task is live and applies nothing. Such a
-partition is not called live: :class:`StalledPartitions` finds it (none in hand, none heard for
-:data:`STALLED_AFTER_S`, and messages ready in the queue or another consumer on it: the
-broker may have sent that one a prefetch's worth that it will never ack), ``/status``
-names it ``stalled``
+partition is not called live: :class:`StalledPartitions` finds it (none in hand, none
+heard for :data:`STALLED_AFTER_S`, and messages ready in the queue), ``/status`` names
+it ``stalled``
 and ``/metrics`` counts it (``streamapp_stalled_partitions``), the worker logs it once,
 and the port consumes anew (should its own registration be what stands).
 """
@@ -27,8 +26,8 @@ from .port import CLOSE_TIMEOUT_S, RabbitPartitionPort
 log = logging.getLogger("streamapp.partition")
 
 STALLED_AFTER_S = 3.0
-"""How long a port holding nothing hears nothing while its queue has messages ready, or
-another consumer, before its partition is stalled (about the AMQP heartbeat,
+"""How long a port holding nothing hears nothing while its queue has messages ready
+before its partition is stalled (about the AMQP heartbeat,
 ``amqp_heartbeat_s``, and the membership timeout, ``amqp_session_timeout_ms``)."""
 
 CHECK_EVERY_S = 1.0
@@ -48,6 +47,8 @@ class StalledPartitions:
         """The stalled partitions, each with when (monotonic) it last heard a delivery."""
         self._asked: dict[tuple[str, int], float] = {}
         """When each quiet queue was last counted (at most once per ``after_s``)."""
+        self._renewed: set[tuple[str, int]] = set()
+        """Stalled partitions whose port consumed anew (once per stall)."""
         self._probe: Any = None
         """A channel of its own for the passive declares (a 404 closes it)."""
         self._loop: asyncio.Task[None] | None = None
@@ -79,23 +80,29 @@ class StalledPartitions:
 
     async def check(self) -> None:
         """Look at every port once: a quiet one holding nothing has its queue counted
-        (at most once per ``after_s``); messages ready there make it stalled."""
+        (at most once per ``after_s``); messages ready there make it stalled. Another
+        consumer alone does not: the port may be the active one of a quiet queue (a
+        cut-off worker's connection holding up to a prefetch of unacked messages shows
+        no ready ones; the AMQP heartbeat ends that)."""
         ports = dict(self._ports())
         for gone in [k for k in self._asked if k not in ports]:
             self.since.pop(gone, None)
+            self._renewed.discard(gone)
             del self._asked[gone]
         now = time.monotonic()
         for key, port in ports.items():
             idle = port.idle_s()
             if idle is None or idle < self.after_s:
                 self.since.pop(key, None)
+                self._renewed.discard(key)
                 continue
             if now - self._asked.get(key, 0.0) < self.after_s:
                 continue
             self._asked[key] = now
             ready, others = await self._count(port)
-            if not (ready or others) or port.idle_s() is None:  # nothing waits, or it heard
+            if not ready or port.idle_s() is None:  # nothing waits, or it heard one
                 self.since.pop(key, None)
+                self._renewed.discard(key)
                 continue
             if key not in self.since:
                 self.since[key] = now - idle
@@ -110,7 +117,8 @@ class StalledPartitions:
                     ready,
                     others,
                 )
-                await port.consume_anew()
+            if key not in self._renewed and await port.consume_anew():
+                self._renewed.add(key)  # once per stall (a failed one is tried again)
 
     async def _count(self, port: RabbitPartitionPort) -> tuple[int, int]:
         """Messages ready in ``port``'s queue and its consumers other than the port's

@@ -36,6 +36,10 @@ class HeldStream:
     events: int = 1
     last: int | None = None
     since_ms: int = 0
+    exact: bool = True
+    """``first`` is the held event's own version (the one that failed); False once a
+    release applied it: ``first`` is then the lowest the next one can have (a topic may
+    carry some of a stream's events only, its versions with gaps)."""
 
     @property
     def place(self) -> str:
@@ -49,9 +53,18 @@ class HeldStream:
 
     def applied(self, version: int | None) -> HeldStream:
         """This hold once its first event (stream version ``version``) is applied by a
-        release: the next one is first (stream versions are contiguous)."""
+        release: the next one is at or after the version after it (a topic may carry
+        some of a stream's events only)."""
         first = None if version is None else version + 1
-        return replace(self, first=first, events=self.events - 1)
+        return replace(self, first=first, events=self.events - 1, exact=False)
+
+    def heads(self, version: int | None) -> bool:
+        """True when a copy of stream version ``version`` sent back by a release is the
+        next held event: the held one itself, or after a release applied it, the first
+        one sent back at or after ``first`` (copies come back in the order parked)."""
+        if version is None or self.first is None:
+            return True
+        return version == self.first or (not self.exact and version >= self.first)
 
     def parked_already(self, version: int | None) -> bool:
         """True when the event of stream version ``version`` is parked here already (a
@@ -77,4 +90,5 @@ class HeldStream:
             events=int(body.get("events") or 1),
             last=None if body.get("last") is None else int(body["last"]),
             since_ms=int(body.get("since_ms") or 0),
+            exact=bool(body.get("exact", True)),
         )

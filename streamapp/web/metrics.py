@@ -305,7 +305,7 @@ class _AssignmentCollector(Collector):
             task_lag = task.lag
             if task_lag is not None:
                 lag.add_metric([topic, str(partition)], float(task_lag))
-            for table, keys in task.table_sizes().items():
+            for table, keys in task.state.table_sizes().items():
                 sizes.add_metric([table, str(partition)], float(keys))
         for phase, n in counts.items():
             phases.add_metric([phase], float(n))

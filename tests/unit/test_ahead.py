@@ -137,7 +137,7 @@ async def test_a_partition_lost_while_its_batch_runs_is_left_paused() -> None:
     t.feed(records("e0", "e1"), prefetch=True)
     await asyncio.sleep(0)
     assert not port.paused
-    t._lost(FencedError("another worker took the partition over"))  # e.g. a build fenced
+    t.mark_lost(FencedError("another worker took the partition over"))  # e.g. a build fenced
     gate.set()
     assert t._batch is not None
     await t._batch
