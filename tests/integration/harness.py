@@ -476,6 +476,10 @@ class StreamappProc:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def log_size(self) -> int:
+        """The log's size in bytes: it grows while the command works."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
 
 async def append_to_store(url: str, events: list[Event], chunk: int = 2000) -> None:
     """Append ``events`` to the event store at ``url``, each to its own stream."""
@@ -535,15 +539,18 @@ async def topic_size(bootstrap: str, topic: str) -> int:
         await consumer.stop()
 
 
-async def read_topic(bootstrap: str, topic: str) -> list[Any]:
-    """Every committed record of ``topic`` (read_committed), from each partition's start to
-    its end as it is now (a parking destination: streamapp parks transactionally), by
-    partition and offset. The read fails once no partition's position moved for a minute."""
+async def read_topic(bootstrap: str, topic: str, *, committed: bool = True) -> list[Any]:
+    """Every committed record of ``topic`` (read_committed; every record written, aborted
+    or not, unless ``committed`` is False), from each partition's start to its end as it
+    is now (a parking destination: streamapp parks transactionally), by partition and
+    offset. The read fails once no partition's position moved for a minute."""
     from aiokafka import AIOKafkaConsumer
 
     tps = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_committed" if committed else "read_uncommitted",
     )
     await consumer.start()
     try:
