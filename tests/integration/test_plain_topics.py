@@ -6,6 +6,7 @@ alone; a record that is not JSON is parked with its reason (``tests/apps/plain_a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import subprocess
 import time
@@ -20,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streamapp.partitioner import partition_for
 from tests.conftest import Services
+from tests.support.waits import Stalled, until
 
 from .harness import (
     ROOT,
@@ -213,13 +215,23 @@ async def test_a_plain_json_queue_is_read_on_rabbitmq_and_what_is_not_json_parke
         seen: set[tuple[str, int]] = set()
         parked: list[aio_pika.abc.AbstractIncomingMessage] = []
         queues = [f"{ns}payments-ingested.{p}" for p in range(4)]
-        deadline = time.monotonic() + 120
-        while (seen != sent or not parked) and time.monotonic() < deadline:
+
+        async def all_out() -> bool:
             for m in await _drain(services.amqp, queues):
                 data = orjson.loads(m.body)
                 seen.add((data["account"], data["n"]))
-            parked += await _drain(services.amqp, [f"{ns}payments-parked.{p}" for p in range(4)])
-            await asyncio.sleep(0.5)
+            parked.extend(
+                await _drain(services.amqp, [f"{ns}payments-parked.{p}" for p in range(4)])
+            )
+            return seen == sent and bool(parked)
+
+        with contextlib.suppress(Stalled):  # what is missing: the asserts below say
+            await until(
+                all_out,
+                what="every record out and the bad one parked",
+                progress=lambda: (len(seen), len(parked), worker.log_size()),
+                poll_s=0.5,
+            )
         assert seen == sent, f"missing {len(sent - seen)}, extra {len(seen - sent)}"
         assert [m.body for m in parked] == [bad[1]]
         reason = (parked[0].headers or {})["streamapp-park-reason"]
