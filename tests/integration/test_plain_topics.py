@@ -17,7 +17,7 @@ from typing import Any
 import aio_pika
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from streamapp.partitioner import partition_for
 from tests.conftest import Services
@@ -29,6 +29,7 @@ from .harness import (
     app_env,
     create_topics,
     read_table,
+    read_topic,
     streamapp_cmd,
     wait_caught_up,
     wait_ready,
@@ -79,23 +80,7 @@ async def _produce_bare(bootstrap: str, topic: str, records: Records, rate: floa
 
 
 async def _parked(bootstrap: str, topic: str) -> list[Any]:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
-    )
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or {0})]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        got: list[Any] = []
-        async with asyncio.timeout(60):
-            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                batch = await consumer.getmany(*tps, timeout_ms=500)
-                got += [r for rs in batch.values() for r in rs]
-        return got
-    finally:
-        await consumer.stop()
+    return await read_topic(bootstrap, topic)
 
 
 @pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
