@@ -93,7 +93,14 @@ async def test_refuse_stops_the_worker_non_zero_and_its_deliveries_come_back_fla
     await _publish(amqp, f"{ns}rf-in", events)
     assert worker.proc is not None
     started = time.monotonic()
-    code = await asyncio.to_thread(worker.proc.wait, 60)
+    proc = worker.proc
+    await until(
+        lambda: proc.poll() is not None,
+        what="the refusing worker exiting",
+        progress=worker.log_size,
+        detail=lambda: worker.log_text()[-3000:],
+    )
+    code = proc.returncode
     took = time.monotonic() - started
     log = worker.log_text()
     print(f"worker exited {code} after {took:.1f}s")
