@@ -57,6 +57,34 @@ def rule(action: str, gid: int, port: str = KAFKA_PORT) -> list[str]:
     ]
 
 
+def print_logs(workers: list[WorkerProc]) -> None:
+    """Each worker's log tail, printed when a cut-off test fails (the logs go with
+    tmp_path)."""
+    for w in workers:
+        print(f"--- {w.log_path.name} ---\n{w.log_text()[-6000:]}")
+
+
+def heal(
+    gid: int,
+    port: str,
+    rule_added: bool,
+    reads: Reads,
+    tasks: tuple[asyncio.Task[None] | None, ...],
+    workers: list[WorkerProc],
+) -> None:
+    """A cut-off test's teardown: the firewall rule deleted when still there, the reading
+    rounds stopped, ``tasks`` cancelled when not done, every worker still running killed."""
+    if rule_added:
+        subprocess.run(rule("-D", gid, port), check=False, timeout=10)
+    reads.stop = True
+    for task in tasks:
+        if task is not None and not task.done():
+            task.cancel()
+    for w in workers:
+        if w.alive:
+            w.kill()
+
+
 @dataclass
 class Reads:
     """Every answer of the reading rounds, judged against what was served before it."""

@@ -289,6 +289,15 @@ def partitions_of(statuses: list[dict[str, Any] | None]) -> bytes:
     )
 
 
+async def worker_progress(workers: list[WorkerProc]) -> tuple[object, ...]:
+    """What moves while workers work, for a wait's ``progress``: their logs' sizes and
+    their /status partitions (phases, positions, counts); it fails at once, with the log's
+    tail, when a worker has exited."""
+    alive(workers)
+    statuses = [await w.status() for w in workers]
+    return tuple(w.log_size() for w in workers), partitions_of(statuses)
+
+
 async def wait_ready(worker: WorkerProc, stalled_s: float = 60.0) -> dict[str, Any]:
     """Until the worker serves /status with every assigned partition ready; fails once
     neither its log nor its /status (partitions, phases, counts restored and replayed)
@@ -467,6 +476,10 @@ class StreamappProc:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def log_size(self) -> int:
+        """The log's size in bytes: it grows while the command works."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
 
 async def append_to_store(url: str, events: list[Event], chunk: int = 2000) -> None:
     """Append ``events`` to the event store at ``url``, each to its own stream."""
@@ -526,14 +539,18 @@ async def topic_size(bootstrap: str, topic: str) -> int:
         await consumer.stop()
 
 
-async def read_topic(bootstrap: str, topic: str, within_s: float = 60.0) -> list[Any]:
-    """Every committed record of ``topic`` (read_committed), from each partition's start to
-    its end as it is now (a parking destination: streamapp parks transactionally)."""
+async def read_topic(bootstrap: str, topic: str, *, committed: bool = True) -> list[Any]:
+    """Every committed record of ``topic`` (read_committed; every record written, aborted
+    or not, unless ``committed`` is False), from each partition's start to its end as it
+    is now (a parking destination: streamapp parks transactionally), by partition and
+    offset. The read fails once no partition's position moved for a minute."""
     from aiokafka import AIOKafkaConsumer
 
     tps = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_committed" if committed else "read_uncommitted",
     )
     await consumer.start()
     try:
@@ -541,11 +558,24 @@ async def read_topic(bootstrap: str, topic: str, within_s: float = 60.0) -> list
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
         got: list[Any] = []
-        async with asyncio.timeout(within_s):
-            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                batch = await consumer.getmany(*tps, timeout_ms=500)
-                got += [r for rs in batch.values() for r in rs]
-        return got
+        positions: dict[TopicPartition, int] = {}
+
+        async def at_end() -> bool:
+            positions.update({tp: await consumer.position(tp) for tp in tps})
+            behind = [tp for tp in tps if positions[tp] < ends[tp]]
+            if behind:
+                batch = await consumer.getmany(*behind, timeout_ms=500)
+                got.extend(r for rs in batch.values() for r in rs)
+            return not behind
+
+        await until(
+            at_end,
+            what=f"{topic} read to its end",
+            progress=lambda: tuple(sorted((tp.partition, o) for tp, o in positions.items())),
+            poll_s=0,
+            detail=lambda: f"positions {positions}, ends {ends}",
+        )
+        return sorted(got, key=lambda r: (r.partition, r.offset))
     finally:
         await consumer.stop()
 

@@ -5,7 +5,6 @@ and the group does not rebalance."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -22,6 +21,7 @@ from streamapp.codecs import kafka as codec
 from streamapp.kafka.topology import create_topics as create_app_topics
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
+from tests.support.waits import until
 
 from .test_failure_policies import _send_raw
 
@@ -42,16 +42,16 @@ async def _send(bootstrap: str, topic: str, events: list[Event]) -> None:
     await _send_raw(bootstrap, topic, [codec.encode(e) for e in events])  # type: ignore[misc]
 
 
-async def _until(check: Callable[[], Any], within_s: float, what: str) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not within {within_s:.0f}s: {what}")
+def _moved(worker: Worker, caplog: pytest.LogCaptureFixture) -> Callable[[], object]:
+    """A wait's progress over an in-process worker: its log records, its partitions'
+    phases and events processed."""
+
+    def moved() -> object:
+        tasks = worker.source.assignment.tasks.items()
+        parts = sorted((p, t.phase.name, t.counts.processed) for (_, p), t in tasks)
+        return len(caplog.records), tuple(parts)
+
+    return moved
 
 
 async def _get(port: int, path: str) -> tuple[int, Any]:
@@ -111,7 +111,7 @@ async def test_a_handler_blocking_the_loop_is_named_by_the_stall_warning(
         def ended() -> bool:
             return any("was blocked for" in r.getMessage() for r in caplog.records)
 
-        await _until(ended, 60, "the stall's end is logged")
+        await until(ended, what="the stall's end is logged", progress=_moved(worker, caplog))
         assert worker.web_port is not None
         _, status = await _get(worker.web_port, "/status")
         _, metrics = await _get(worker.web_port, "/metrics")
@@ -179,7 +179,11 @@ async def test_a_blocking_agent_leaves_other_partitions_views_and_heartbeats_run
     try:
         assert worker.web_port is not None
         port = worker.web_port
-        await _until(holding.is_set, 60, "the slow partition's handler sleeps")
+        await until(
+            holding.is_set,
+            what="the slow partition's handler sleeps",
+            progress=_moved(worker, caplog),
+        )
         generation = worker.source.generation  # type: ignore[attr-defined]
         tasks = dict(worker.source.assignment.tasks)
         assert generation is not None
@@ -193,7 +197,11 @@ async def test_a_blocking_agent_leaves_other_partitions_views_and_heartbeats_run
             code, body = await _get(port, f"/tables/applied/{fast}")
             return code == 200 and body == list(range(1, 21))
 
-        await _until(fast_applied, 60, "the other partition's 20 events, read through a view")
+        await until(
+            fast_applied,
+            what="the other partition's 20 events, read through a view",
+            progress=_moved(worker, caplog),
+        )
         code, health = await _get(port, "/healthz")
         assert code == 200
         assert health["status"] == "ok"
@@ -204,7 +212,11 @@ async def test_a_blocking_agent_leaves_other_partitions_views_and_heartbeats_run
             code, body = await _get(port, f"/tables/applied/{slow}")
             return code == 200 and body == list(range(1, len(kinds) + 1))
 
-        await _until(slow_applied, 60, "the slow partition's events, in order")
+        await until(
+            slow_applied,
+            what="the slow partition's events, in order",
+            progress=_moved(worker, caplog),
+        )
         assert worker.source.generation == generation  # type: ignore[attr-defined]
         assert dict(worker.source.assignment.tasks) == tasks  # no rebalance, same tasks
         _, metrics = await _get(port, "/metrics")
@@ -259,7 +271,7 @@ async def test_a_stop_waits_for_a_blocking_call_up_to_its_budget_then_drops_the_
     first = Worker(app, settings())
     await first.start()
     try:
-        await _until(holding.is_set, 60, "the handler holds")
+        await until(holding.is_set, what="the handler holds", progress=_moved(first, caplog))
     finally:
         await first.stop()  # returns: the budget (2 s) ran out, the batch was dropped
     assert not release.is_set()
@@ -277,7 +289,11 @@ async def test_a_stop_waits_for_a_blocking_call_up_to_its_budget_then_drops_the_
             code, body = await _get(port, f"/tables/applied/{sid}")
             return code == 200 and body == [1, 2, 3]
 
-        await _until(applied_once, 60, "every event applied once, after the restart")
+        await until(
+            applied_once,
+            what="every event applied once, after the restart",
+            progress=_moved(second, caplog),
+        )
     finally:
         await second.stop()
     assert held == [2]

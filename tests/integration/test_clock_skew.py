@@ -29,6 +29,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streamapp.retirement import PREFIX as LEDGER_PREFIX
+from tests.support import waits
 
 from .harness import (
     WorkerProc,
@@ -293,17 +294,23 @@ async def members_records(bootstrap: str, topic: str, workers: int) -> list[dict
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         records: dict[bytes, dict[str, Any]] = {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        async def settled() -> bool:
             for batch in (await consumer.getmany(timeout_ms=500)).values():
                 for r in batch:
                     ledger = r.key is not None and r.key.startswith(LEDGER_PREFIX.encode())
                     if r.key is not None and r.value is not None and not ledger:
                         records[r.key] = json.loads(r.value)
             generations = {rec.get("generation") for rec in records.values()}
-            if len(records) == workers and len(generations) == 1:
-                return list(records.values())
-        raise AssertionError(f"members records not settled: {records}")
+            return len(records) == workers and len(generations) == 1
+
+        await waits.until(
+            settled,
+            what=f"{workers} members records under one generation",
+            progress=lambda: waits.frozen({k.decode(): v for k, v in records.items()}),
+            detail=lambda: records,
+        )
+        return list(records.values())
     finally:
         await consumer.stop()
 
@@ -344,15 +351,22 @@ async def test_a_record_of_a_worker_not_in_the_group_is_not_routed_to(
         finally:
             await producer.stop()
         async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + 30
-            while True:  # the ghost record is read within a poll; then every answer holds
+            seen: list[Any] = []
+
+            async def exact() -> bool:  # the ghost record is read within a poll
                 answers = await ask_all(http, workers, expected)
                 assert not answers.wrong, answers.wrong[:5]
                 assert ghost_url not in answers.forwarded_to, answers.forwarded_to
-                if answers.exact == len(workers) * N_ORDERS:
-                    break
-                assert time.monotonic() < deadline, answers.unavailable[:3]
-                await asyncio.sleep(0.2)
+                seen[:] = [answers.exact, answers.unavailable[:3]]
+                return bool(answers.exact == len(workers) * N_ORDERS)
+
+            await waits.until(  # then every answer holds
+                exact,
+                what="every key exact with the ghost record read",
+                progress=lambda: (seen[0] if seen else None, tuple(w.log_size() for w in workers)),
+                poll_s=0.2,
+                detail=lambda: seen,
+            )
             for _ in range(3):  # and it stays so
                 again = await ask_all(http, workers, expected)
                 assert again.exact == len(workers) * N_ORDERS, again.unavailable[:3]

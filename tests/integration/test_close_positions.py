@@ -4,7 +4,6 @@ the next start does resume there."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from pathlib import Path
@@ -16,6 +15,7 @@ from streamapp.eventstore import open_store
 from streamapp.rabbitmq.topology import create_topology
 from streamapp.worker import Worker
 from tests.conftest import Services
+from tests.support.waits import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,9 +48,12 @@ async def test_rabbitmq_close_line_names_the_store_position_it_resumes_from(
         worker = Worker(app, settings)
         await worker.start()
         try:
-            async with asyncio.timeout(60):
-                while not any(r.getMessage().startswith("owns 2") for r in caplog.records):  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
+            await until(
+                lambda: any(r.getMessage().startswith("owns 2") for r in caplog.records),
+                what="the worker's summary (owns 2)",
+                progress=lambda: len(caplog.records),
+                poll_s=0.05,
+            )
         finally:
             await worker.stop()
         return sorted(

@@ -4,8 +4,6 @@ binary and structured mode, are all applied by a streamapp agent; none is parked
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from cloudevents.v1.http import CloudEvent as V1CloudEvent
 from streamapp import App, Event, Park, Table, TableView
 from streamapp.kafka.topology import create_topics
 from streamapp.worker import Worker
+from tests.support.waits import frozen, until
 
 pytestmark = pytest.mark.integration
 
@@ -99,13 +98,21 @@ async def test_an_agent_applies_events_of_both_sdk_apis_in_both_modes(
         got: dict[str, Any] = {}
         url = f"http://127.0.0.1:{worker.web_port}/tables/applied/"
         async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + 60
-            while len(got) < len(messages) and time.monotonic() < deadline:
+
+            async def applied() -> bool:
                 for stream in set(messages) - set(got):
                     async with http.get(url + stream) as r:
                         if r.status == 200:
                             got[stream] = await r.json()
-                await asyncio.sleep(0.1)
+                return len(got) == len(messages)
+
+            async def progress() -> tuple[object, ...]:
+                status = f"http://127.0.0.1:{worker.web_port}/status"
+                async with http.get(status) as r:  # its partitions: phases, counts
+                    body = await r.json() if r.status == 200 else {}
+                return len(got), frozen(body.get("partitions"))
+
+            await until(applied, what="every SDK-made event applied", progress=progress)
     finally:
         await worker.stop()
     data = {"total": 12.5, "lines": ["a", "b"]}

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp.codecs import kafka as codec
@@ -46,6 +46,7 @@ from .harness import (
     order_events,
     produce,
     read_table,
+    read_topic,
     wait_caught_up,
     wait_ready,
 )
@@ -60,31 +61,7 @@ BATCH = 5
 async def _read(bootstrap: str, topic: str, *, committed: bool = True) -> list[Any]:
     """Every record of ``topic`` up to its end offsets as they are now (``read_committed``
     unless ``committed`` is False)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        isolation_level="read_committed" if committed else "read_uncommitted",
-    )
-    await consumer.start()
-    got: list[Any] = []
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        async with asyncio.timeout(120):
-            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                batch = await consumer.getmany(*tps, timeout_ms=500, max_records=5000)
-                got += [r for records in batch.values() for r in records]
-    finally:
-        await consumer.stop()
-    return got
+    return await read_topic(bootstrap, topic, committed=committed)
 
 
 def _ids(records: list[Any]) -> Counter[str]:

@@ -35,6 +35,7 @@ port another process holds fails the test naming it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -59,6 +60,7 @@ from streamapp import Event
 from streamapp.codecs import kafka as kafka_codec
 from tests.conftest import Services
 from tests.integration.harness import produce
+from tests.support.waits import Stalled, frozen, until_sync
 from tests.unit.test_docs import PYTHON, SHELL, Block
 
 pytestmark = [pytest.mark.integration]
@@ -164,17 +166,22 @@ def group_members(pgid: int) -> list[int]:
 
 
 def stop_group(pgid: int) -> None:
-    """SIGTERM the group, wait for it to end (SIGKILL what is left after 60 s)."""
-    for sig, wait_s in ((signal.SIGTERM, 60.0), (signal.SIGKILL, 10.0)):
+    """SIGTERM the group, wait for it to end; SIGKILL what is left once its processes
+    stood still (none ended, no CPU used) for a minute."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         if not group_members(pgid):
             return
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + wait_s
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(Stalled):
+            until_sync(
+                lambda: not group_members(pgid),
+                what=f"process group {pgid} ended",
+                progress=lambda: frozen(group_stats(pgid)),
+                poll_s=0.2,
+            )
 
 
 @dataclass

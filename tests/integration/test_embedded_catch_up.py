@@ -211,7 +211,7 @@ async def test_without_history_a_stateful_agent_catches_up_before_it_is_ready(
 
 async def _v1_then_v2_held(world: World) -> WorkerProc:
     """v1 alone to the head, stopped; then v1 and v2, v2 held at the gate while it
-    builds (the gate's events are in the store, v1 went past them)."""
+    builds (the gate's events are in the store, v1 went past them), v1's partitions live."""
     await world.fill()
     v1 = world.worker("1", "", "v1.log")
     await _until(v1, lambda: _ready(v1), "v1 ready")
@@ -219,7 +219,21 @@ async def _v1_then_v2_held(world: World) -> WorkerProc:
     assert v1.stop() == 0, v1.log_text()[-3000:]
     w = world.worker("1,2", "2", "v2.log")
     await _until(w, lambda: world.arrived(2), "v2's build at the gate")
+    await _until(w, lambda: _ready(w), "v1's partitions live")
     return w
+
+
+async def _switch_to_v2(world: World, w: WorkerProc) -> None:
+    """The gate opened: v2 builds to the head and becomes active, its views answer every
+    key, and the worker stops cleanly."""
+    world.open_gate()
+
+    async def v2_active() -> bool:
+        return (await _versions(w)).get(2) == "active"
+
+    await _until(w, v2_active, "v2 active")
+    await _exact(world, w, by=2)
+    assert w.stop() == 0, w.log_text()[-3000:]
 
 
 async def _versions(w: WorkerProc) -> dict[int, str]:
@@ -235,17 +249,9 @@ async def test_without_history_a_new_version_builds_and_is_not_active_before_it_
     world = World(tmp_path)
     try:
         w = await _v1_then_v2_held(world)
-        await _until(w, lambda: _ready(w), "v1's partitions live")
         assert await _versions(w) == {1: "active", 2: "building"}
         await _exact(world, w, by=1)  # views answer v1, every key (not v2's 404s)
-        world.open_gate()
-
-        async def v2_active() -> bool:
-            return (await _versions(w)).get(2) == "active"
-
-        await _until(w, v2_active, "v2 active")
-        await _exact(world, w, by=2)
-        assert w.stop() == 0, w.log_text()[-3000:]
+        await _switch_to_v2(world, w)
     finally:
         world.kill_all()
 
@@ -254,7 +260,6 @@ async def test_the_live_version_takes_new_events_while_a_new_one_builds(tmp_path
     world = World(tmp_path)
     try:
         w = await _v1_then_v2_held(world)
-        await _until(w, lambda: _ready(w), "v1's partitions live")
         key = world.keys[1][0]  # another partition than the build held at the gate
         await world.append([Event.create("deposit", stream_id=key, data={})])
 
@@ -266,14 +271,7 @@ async def test_the_live_version_takes_new_events_while_a_new_one_builds(tmp_path
         # observed in this order: v1 had the new event while v2 was still building
         assert not world.opened
         assert (await _versions(w))[2] == "building"
-        world.open_gate()
-
-        async def v2_active() -> bool:
-            return (await _versions(w)).get(2) == "active"
-
-        await _until(w, v2_active, "v2 active")
-        await _exact(world, w, by=2)
-        assert w.stop() == 0, w.log_text()[-3000:]
+        await _switch_to_v2(world, w)
     finally:
         world.kill_all()
 

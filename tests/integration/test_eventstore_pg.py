@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,6 +15,7 @@ from unit.test_eventstore import EventStoreContract, ev
 
 from streamapp.eventstore import EventStoreBackend, open_store
 from streamapp.eventstore.postgres import PostgresEventStore
+from tests.support.waits import until
 
 pytestmark = pytest.mark.integration
 
@@ -71,27 +71,32 @@ async def test_tailing_reader_never_skips_a_position_under_concurrent_appenders(
     seen: list[int] = []
 
     async def tail() -> None:
-        next_pos, deadline = 1, time.monotonic() + 60
-        while time.monotonic() < deadline:
+        next_pos = 1
+
+        async def at_head() -> bool:
+            nonlocal next_pos
             finished = done.is_set()
             rows = await reader.read_all(next_pos, 50)
             for row in rows:
                 assert row.position == next_pos, f"expected position {next_pos}, got {row}"
                 seen.append(row.position)
                 next_pos += 1
-            if finished and not rows:
-                return
-            if not rows:
-                await asyncio.sleep(0.001)
-        raise AssertionError("reader did not finish within 60 s")
+            return finished and not rows
+
+        await until(
+            at_head,
+            what="the reader at the head once every append committed",
+            progress=lambda: (next_pos, done.is_set()),
+            poll_s=0.001,
+        )
+
+    async def appending() -> None:
+        await asyncio.gather(*(append(i, s) for i, s in enumerate(appenders)))
+        done.set()
 
     tailing = asyncio.create_task(tail())
     try:
-        await asyncio.wait_for(
-            asyncio.gather(*(append(i, s) for i, s in enumerate(appenders))), 120
-        )
-        done.set()
-        await asyncio.wait_for(tailing, 60)
+        await asyncio.gather(appending(), tailing)  # a reader that stood still fails it
         total = 4 * per_appender * batch
         assert seen == list(range(1, total + 1))
         assert await reader.head() == total

@@ -48,10 +48,13 @@ async def _read_all(bootstrap: str, topic: str, n: int) -> list[Any]:
     await consumer.start()
     got: list[Any] = []
     try:
-        async with asyncio.timeout(30):
-            while len(got) < n:
-                batch = await consumer.getmany(timeout_ms=500)
-                got += [r for recs in batch.values() for r in recs]
+
+        async def enough() -> bool:
+            batch = await consumer.getmany(timeout_ms=500)
+            got.extend(r for recs in batch.values() for r in recs)
+            return len(got) >= n
+
+        await until(enough, what=f"{n} records in {topic}", progress=lambda: len(got), poll_s=0)
         extra = await consumer.getmany(timeout_ms=1000)  # nothing more than expected
         got += [r for recs in extra.values() for r in recs]
     finally:

@@ -28,6 +28,7 @@ from streamapp.rabbitmq.topology import create_topology
 from streamapp.records import Message
 from streamapp.topics import TopicSpec
 from tests.conftest import Services
+from tests.support.waits import until_sync
 
 from .harness import (
     WorkerProc,
@@ -66,7 +67,12 @@ def _produce(bootstrap: str, topic: str, records: Records) -> dict[bytes, int]:
     for key, value in records:
         producer.produce(topic, value, key=key, on_delivery=report)
         producer.poll(0)
-    assert producer.flush(60) == 0, "records not delivered within 60 s"
+    until_sync(  # librdkafka delivers in the background: its reports are the progress
+        lambda: producer.flush(1) == 0,
+        what=f"{len(records)} records delivered to {topic}",
+        progress=lambda: (len(placed), len(failed)),
+        poll_s=0,
+    )
     assert not failed, failed[:3]
     return placed
 
@@ -84,6 +90,24 @@ def _payments(n_accounts: int, per_account: int) -> tuple[Records, dict[str, Any
             value = {"account": account, "amount": amount, "n": n}
             records.append((account.encode(), orjson.dumps(value)))
     return records, expected
+
+
+def _namespace(bootstrap: str) -> str:
+    """A fresh namespace with the plain app's topics made."""
+    ns = f"crc{uuid.uuid4().hex[:6]}-"
+    create_topics(bootstrap, ns, APP)
+    return ns
+
+
+async def _feed(
+    bootstrap: str, ns: str, workers: list[WorkerProc], records: Records
+) -> dict[bytes, int]:
+    """The workers ready on ``payments``, ``records`` produced as a default confluent
+    producer places them, the group caught up on them: each key's partition."""
+    await wait_group_ready(workers, PARTITIONS)
+    placed = await asyncio.to_thread(_produce, bootstrap, f"{ns}payments", records)
+    await wait_caught_up(bootstrap, f"{ns}plain", f"{ns}payments", 120, workers)
+    return placed
 
 
 async def test_crc32_is_the_partition_librdkafkas_default_producer_picks(
@@ -115,8 +139,7 @@ async def test_crc32_is_the_partition_librdkafkas_default_producer_picks(
 async def test_a_crc32_topic_from_a_default_confluent_producer_parks_nothing(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    ns = f"crc{uuid.uuid4().hex[:6]}-"
-    create_topics(kafka_bootstrap, ns, APP)
+    ns = _namespace(kafka_bootstrap)
     records, expected = _payments(n_accounts=100, per_account=2)
     env = {"PLAIN_PARTITIONER": "crc32"}
     workers = [
@@ -126,11 +149,9 @@ async def test_a_crc32_topic_from_a_default_confluent_producer_parks_nothing(
         for n in ("a", "b")
     ]
     try:
-        await wait_group_ready(workers, PARTITIONS)
-        placed = await asyncio.to_thread(_produce, kafka_bootstrap, f"{ns}payments", records)
+        placed = await _feed(kafka_bootstrap, ns, workers, records)
         moved = [k for k, p in placed.items() if p != partition_for(k, PARTITIONS)]
         assert len(moved) > len(placed) // 2  # murmur2 would have parked these
-        await wait_caught_up(kafka_bootstrap, f"{ns}plain", f"{ns}payments", 120, workers)
         assert await read_topic(kafka_bootstrap, f"{ns}payments-parked") == []
         table = await read_table(workers, "balances", list(expected))  # one owner answers
         wrong = {a: (table.get(a), row) for a, row in expected.items() if table.get(a) != row}
@@ -144,14 +165,11 @@ async def test_a_crc32_topic_from_a_default_confluent_producer_parks_nothing(
 async def test_a_murmur2_topic_from_a_default_confluent_producer_names_the_setting(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    ns = f"crc{uuid.uuid4().hex[:6]}-"
-    create_topics(kafka_bootstrap, ns, APP)
+    ns = _namespace(kafka_bootstrap)
     records, _ = _payments(n_accounts=50, per_account=1)
     worker = WorkerProc(kafka_bootstrap, ns, tmp_path / "w", tmp_path / "w.log", APP).start()
     try:
-        await wait_group_ready([worker], PARTITIONS)
-        placed = await asyncio.to_thread(_produce, kafka_bootstrap, f"{ns}payments", records)
-        await wait_caught_up(kafka_bootstrap, f"{ns}plain", f"{ns}payments", 120, [worker])
+        placed = await _feed(kafka_bootstrap, ns, [worker], records)
         parked = await read_topic(kafka_bootstrap, f"{ns}payments-parked")
     finally:
         assert worker.stop() == 0

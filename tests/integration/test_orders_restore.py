@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from streamapp import Event
 from streamapp.partitioner import partition_for
+from tests.support.waits import until
 
 from .harness import (
     WorkerProc,
+    alive,
     assert_exact,
     create_topics,
+    partitions_of,
     produce,
     read_table,
     wait_caught_up,
@@ -64,10 +67,13 @@ async def test_restore_of_a_big_partition_does_not_stall_the_others(
         processed_while_restoring = False
         views_during_restore: list[int] = []
         probe = big[123]
-        deadline = time.monotonic() + 90
+        seen: list[dict[str, Any] | None] = [None]
         async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                status = await b.status()
+
+            async def restored() -> bool:
+                nonlocal processed_while_restoring
+                alive([b])
+                seen[0] = status = await b.status()
                 parts = (status or {}).get("partitions", {})
                 p0 = parts.get(f"{topic}[0]")
                 if p0 and p0["phase"] == "restoring":
@@ -82,9 +88,15 @@ async def test_restore_of_a_big_partition_does_not_stall_the_others(
                         else:
                             assert r.status == 503
                             assert r.headers["Retry-After"]
-                if p0 and p0["phase"] == "live" and status and status["ready"]:
-                    break
-                await asyncio.sleep(0.02)
+                return bool(p0 and p0["phase"] == "live" and status and status["ready"])
+
+            await until(
+                restored,
+                what=f"{topic}[0] restored and live on the fresh worker",
+                progress=lambda: (b.log_size(), partitions_of(seen)),
+                poll_s=0.02,
+                detail=lambda: f"{seen[0]}\n{b.log_text()[-3000:]}",
+            )
         assert processed_while_restoring, b.log_text()[-3000:]
         assert 503 in views_during_restore
         await wait_caught_up(kafka_bootstrap, topic, topic, 60, [b])

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import Event
 from streamapp.codecs import kafka as codec
@@ -29,6 +27,7 @@ from .harness import (
     order_events,
     produce,
     read_table,
+    read_topic,
     streamapp_cmd,
     wait_caught_up,
     wait_group_ready,
@@ -43,30 +42,8 @@ COPART = "tests.apps.copart_app:app"
 
 async def read_committed(bootstrap: str, topic: str) -> list[Any]:
     """Every record of ``topic`` a ``read_committed`` consumer sees, from the beginning
-    to the end offsets as they are now (bounded)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
-    )
-    await consumer.start()
-    got: list[Any] = []
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        async with asyncio.timeout(120):
-            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                batch = await consumer.getmany(*tps, timeout_ms=500, max_records=5000)
-                got += [r for records in batch.values() for r in records]
-    finally:
-        await consumer.stop()
-    return got
+    to the end offsets as they are now."""
+    return await read_topic(bootstrap, topic)
 
 
 @pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores

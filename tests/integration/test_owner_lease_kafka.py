@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from .cutoff import Reads, cut_group, get, iptables, read_rounds, rule
+from .cutoff import (
+    KAFKA_PORT,
+    Reads,
+    cut_group,
+    get,
+    heal,
+    iptables,
+    print_logs,
+    read_rounds,
+)
 from .harness import (
     WorkerProc,
     assert_exact,
@@ -136,16 +144,7 @@ async def test_a_worker_cut_off_from_kafka_stops_answering_as_owner_and_fences_n
             f"partitions {moved_after:.1f}s after it"
         )
     except BaseException:
-        for w in workers:  # the logs go with tmp_path
-            print(f"--- {w.log_path.name} ---\n{w.log_text()[-6000:]}")
+        print_logs(workers)
         raise
     finally:
-        if rule_added:
-            subprocess.run(rule("-D", cut_gid), check=False, timeout=10)  # noqa: ASYNC221
-        reads.stop = True
-        for task in (reader, producing):
-            if task is not None and not task.done():
-                task.cancel()
-        for w in workers:
-            if w.alive:
-                w.kill()
+        heal(cut_gid, KAFKA_PORT, rule_added, reads, (reader, producing), workers)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +23,7 @@ from streamapp import Event
 from tests.conftest import Services
 
 from .applying import Applying
-from .cutoff import Reads, cut_group, get, iptables, read_rounds, rule
+from .cutoff import Reads, cut_group, get, heal, iptables, print_logs, read_rounds
 from .harness import StreamappProc, WorkerProc, append_to_store, order_events, wait_group_ready
 from .test_rabbitmq import rabbit_env, topics_create
 from .test_rabbitmq_group import _drained, _read_exact
@@ -151,17 +150,8 @@ async def test_a_member_cut_off_from_rabbitmq_claims_nothing_and_stops_answering
             f"nothing: {gap:.1f}s ({name})"
         )
     except BaseException:
-        for w in workers:  # the logs go with tmp_path
-            print(f"--- {w.log_path.name} ---\n{w.log_text()[-6000:]}")
+        print_logs(workers)
         raise
     finally:
-        if rule_added:
-            subprocess.run(rule("-D", cut_gid, AMQP_PORT), check=False, timeout=10)  # noqa: ASYNC221
-        reads.stop = True
-        for task in (reader, appending, watching):
-            if task is not None and not task.done():
-                task.cancel()
         forwarder.kill()
-        for w in workers:
-            if w.alive:
-                w.kill()
+        heal(cut_gid, AMQP_PORT, rule_added, reads, (reader, appending, watching), workers)

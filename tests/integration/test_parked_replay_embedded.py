@@ -12,10 +12,8 @@ appends each id it handles to a file, so a line written twice is an event run tw
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import subprocess
-import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -28,8 +26,17 @@ import pytest
 from streamapp import Event
 from streamapp.partitioner import partition_for
 from tests.conftest import PgUrlFactory
+from tests.support import waits
 
-from .harness import ROOT, WorkerProc, app_env, append_to_store, read_table, streamapp_cmd
+from .harness import (
+    ROOT,
+    WorkerProc,
+    app_env,
+    append_to_store,
+    read_table,
+    streamapp_cmd,
+    worker_progress,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -110,19 +117,17 @@ class World:
         return Counter(self.side.read_text().split()) if self.side.exists() else Counter()
 
 
-async def until(
-    what: str, check: Callable[[], Any], worker: WorkerProc, within_s: float = 60
-) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        assert worker.alive, worker.log_text()[-3000:]
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"not within {within_s}s: {what}\n{worker.log_text()[-3000:]}")
+async def until(what: str, check: Callable[[], Any], worker: WorkerProc) -> Any:
+    """Until ``check`` (sync or async) gives a true value, and that value; fails once
+    neither the worker's log nor its /status moved for a minute, or it died."""
+    got: Any = await waits.until(
+        check,
+        what=what,
+        progress=lambda: worker_progress([worker]),
+        poll_s=0.3,
+        detail=lambda: worker.log_text()[-3000:],
+    )
+    return got
 
 
 async def wait_status(worker: WorkerProc) -> dict[str, Any]:

@@ -11,20 +11,19 @@ be listed twice.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from streamapp import Event
 from streamapp.codecs import kafka as codec
 from streamapp.partitioner import partition_for
 from streamapp.republish import REPLAYED
+from tests.support.waits import until
 
 from .harness import (
     ROOT,
@@ -32,9 +31,11 @@ from .harness import (
     app_env,
     create_topics,
     read_table,
+    read_topic,
     streamapp_cmd,
     wait_caught_up,
     wait_ready,
+    worker_progress,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -75,38 +76,45 @@ async def produce(bootstrap: str, topic: str, events: list[Event]) -> None:
         await producer.stop()
 
 
-async def read_all(bootstrap: str, topic: str) -> list[Any]:
-    """Every committed record of ``topic``, by partition and offset."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(2)]  # every topic of the app has 2
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        got: list[Any] = []
-        async with asyncio.timeout(30):
-            for tp in tps:
-                while await consumer.position(tp) < ends[tp]:
-                    batch = await consumer.getmany(tp, timeout_ms=500)
-                    got += batch.get(tp, [])
-        return got
-    finally:
-        await consumer.stop()
-
-
 async def wait_records(bootstrap: str, topic: str, n: int, worker: WorkerProc) -> list[Any]:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert worker.alive, worker.log_text()[-3000:]
-        got = await read_all(bootstrap, topic)
-        if len(got) >= n:
-            assert len(got) == n, [r.offset for r in got]
-            return got
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{topic}: fewer than {n} records after 60s")
+    """Until ``topic`` holds ``n`` committed records (never more); fails once neither
+    their count nor the worker moved for a minute."""
+    got: list[Any] = []
+
+    async def enough() -> bool:
+        got[:] = await read_topic(bootstrap, topic)
+        assert len(got) <= n, [r.offset for r in got]
+        return len(got) == n
+
+    async def progress() -> tuple[object, ...]:
+        return len(got), await worker_progress([worker])
+
+    await until(
+        enough,
+        what=f"{n} records in {topic}",
+        progress=progress,
+        poll_s=0.5,
+        detail=lambda: worker.log_text()[-3000:],
+    )
+    return got
+
+
+def gated_worker(bootstrap: str, tmp_path: Path, prefix: str) -> tuple[str, Path, WorkerProc]:
+    """A namespace with the app's topics, the gate file (made: the handler fails the
+    ``gated`` events while it exists) and the app's worker over them, not started yet."""
+    ns = f"{prefix}{uuid.uuid4().hex[:6]}-"
+    create_topics(bootstrap, ns, APP)
+    gate = tmp_path / "gate"
+    gate.touch()
+    worker = WorkerProc(
+        bootstrap,
+        ns,
+        tmp_path / "data",
+        tmp_path / "w.log",
+        app_ref=APP,
+        extra_env={"STREAMAPP_TEST_REPLAY_GATE": str(gate)},
+    )
+    return ns, gate, worker
 
 
 def ids_of(records: list[Any]) -> list[str]:
@@ -126,24 +134,14 @@ def assert_back_as_sent(original: Any, replayed: Any, held: Any) -> None:
 
 
 async def test_parked_records_go_back_once_per_run(kafka_bootstrap: str, tmp_path: Path) -> None:
-    ns = f"rpk{uuid.uuid4().hex[:6]}-"
-    create_topics(kafka_bootstrap, ns, APP)
-    gate = tmp_path / "gate"
-    gate.touch()
+    ns, gate, worker = gated_worker(kafka_bootstrap, tmp_path, "rpk")
     source, parking = f"{ns}rp-park", f"{ns}rp-park.parked"
     gated = streams_on(0, 2, "g") + streams_on(1, 2, "g")  # two parked per partition
     good = streams_on(0, 2, "ok") + streams_on(1, 2, "ok")
     events = [Event.create("gated", stream_id=s, data={}) for s in gated]
     events += [Event.create("fine", stream_id=s, data={}) for s in good]
     await produce(kafka_bootstrap, source, events)
-    worker = WorkerProc(
-        kafka_bootstrap,
-        ns,
-        tmp_path / "data",
-        tmp_path / "w.log",
-        app_ref=APP,
-        extra_env={"STREAMAPP_TEST_REPLAY_GATE": str(gate)},
-    ).start()
+    worker.start()
     try:
         await wait_ready(worker)
         parked = await wait_records(kafka_bootstrap, parking, 4, worker)
@@ -151,14 +149,14 @@ async def test_parked_records_go_back_once_per_run(kafka_bootstrap: str, tmp_pat
         table = await read_table([worker], "applied", gated + good)
         assert all(table[s] is None for s in gated)  # parked, not applied
         assert all(len(table[s]) == 1 for s in good)
-        originals = {ids_of([r])[0]: r for r in await read_all(kafka_bootstrap, source)}
+        originals = {ids_of([r])[0]: r for r in await read_topic(kafka_bootstrap, source)}
         gate.unlink()  # the handler is fixed
 
         dry = cli(kafka_bootstrap, ns, "parked", "replay", "--topic", parking, "--dry-run")
         assert dry.returncode == 0, dry.stderr
         assert "dry run: would send 4 records back" in dry.stdout, dry.stdout
         assert dry.stdout.count("would send ") == 5  # one line per record and the count
-        assert len(await read_all(kafka_bootstrap, source)) == 8  # nothing sent
+        assert len(await read_topic(kafka_bootstrap, source)) == 8  # nothing sent
 
         bad = cli(kafka_bootstrap, ns, "parked", "replay", "--topic", source)
         assert bad.returncode == 2
@@ -190,7 +188,7 @@ async def test_parked_records_go_back_once_per_run(kafka_bootstrap: str, tmp_pat
         by_stream = {r.key.decode(): ids_of([r])[0] for r in parked}
         assert {s: table[s] for s in gated} == {s: [by_stream[s]] for s in gated}
         assert all(len(table[s]) == 1 for s in good)
-        replayed = await read_all(kafka_bootstrap, source)
+        replayed = await read_topic(kafka_bootstrap, source)
         assert len(replayed) == 12
         held = {ids_of([r])[0]: r for r in parked}
         for record in replayed:
@@ -204,28 +202,18 @@ async def test_parked_records_go_back_once_per_run(kafka_bootstrap: str, tmp_pat
 
 
 async def test_dead_letters_go_back_bounded(kafka_bootstrap: str, tmp_path: Path) -> None:
-    ns = f"rpd{uuid.uuid4().hex[:6]}-"
-    create_topics(kafka_bootstrap, ns, APP)
-    gate = tmp_path / "gate"
-    gate.touch()
+    ns, gate, worker = gated_worker(kafka_bootstrap, tmp_path, "rpd")
     source, dlq, parking = f"{ns}rp-chain", f"{ns}rp-chain-dlq", f"{ns}rp-park.parked"
     gated = streams_on(0, 2, "d") + streams_on(1, 1, "d")
     await produce(
         kafka_bootstrap, source, [Event.create("gated", stream_id=s, data={}) for s in gated]
     )
-    worker = WorkerProc(
-        kafka_bootstrap,
-        ns,
-        tmp_path / "data",
-        tmp_path / "w.log",
-        app_ref=APP,
-        extra_env={"STREAMAPP_TEST_REPLAY_GATE": str(gate)},
-    ).start()
+    worker.start()
     try:
         await wait_ready(worker)
         dead = await wait_records(kafka_bootstrap, dlq, 3, worker)
         assert all(dict(r.headers)["x-reconsume"] == b"1" for r in dead)
-        originals = {ids_of([r])[0]: r for r in await read_all(kafka_bootstrap, source)}
+        originals = {ids_of([r])[0]: r for r in await read_topic(kafka_bootstrap, source)}
         gate.unlink()
 
         wrong = cli(kafka_bootstrap, ns, "dlq", "replay", "--topic", parking)
@@ -234,7 +222,7 @@ async def test_dead_letters_go_back_bounded(kafka_bootstrap: str, tmp_path: Path
         beyond = cli(kafka_bootstrap, ns, "dlq", "replay", "--topic", dlq, "--from", "99")
         assert beyond.returncode == 1
         assert "--from 99 is beyond the end of every partition" in beyond.stderr
-        assert len(await read_all(kafka_bootstrap, source)) == 3
+        assert len(await read_topic(kafka_bootstrap, source)) == 3
 
         pair = sorted((r for r in dead if r.partition == 0), key=lambda r: r.offset)
         assert len(pair) == 2
@@ -267,7 +255,7 @@ async def test_dead_letters_go_back_bounded(kafka_bootstrap: str, tmp_path: Path
         await wait_caught_up(kafka_bootstrap, f"{ns}rp", source, 60, [worker])
         table = await read_table([worker], "chained", gated)
         assert {s: table[s] for s in gated} == {r.key.decode(): ids_of([r]) for r in dead}
-        records = await read_all(kafka_bootstrap, source)
+        records = await read_topic(kafka_bootstrap, source)
         assert len(records) == 6
         held = {ids_of([r])[0]: r for r in dead}
         for record in records:
@@ -285,24 +273,14 @@ async def test_a_record_whose_stream_moved_on_is_skipped_with_a_warning(
     skipped by stream version when sent back: the worker logs a WARNING naming the
     parked record, the stream and both versions; a stream that did not move on applies
     its event without one."""
-    ns = f"rpm{uuid.uuid4().hex[:6]}-"
-    create_topics(kafka_bootstrap, ns, APP)
-    gate = tmp_path / "gate"
-    gate.touch()
+    ns, gate, worker = gated_worker(kafka_bootstrap, tmp_path, "rpm")
     source, parking = f"{ns}rp-park", f"{ns}rp-park.parked"
     moved, kept = streams_on(0, 2, "mv")
     failed = Event.create("gated", stream_id=moved, data={}, version=1)
     alone = Event.create("gated", stream_id=kept, data={}, version=1)
     later = Event.create("fine", stream_id=moved, data={}, version=2)
     await produce(kafka_bootstrap, source, [failed, alone, later])
-    worker = WorkerProc(
-        kafka_bootstrap,
-        ns,
-        tmp_path / "data",
-        tmp_path / "w.log",
-        app_ref=APP,
-        extra_env={"STREAMAPP_TEST_REPLAY_GATE": str(gate)},
-    ).start()
+    worker.start()
     try:
         await wait_ready(worker)
         parked = await wait_records(kafka_bootstrap, parking, 2, worker)

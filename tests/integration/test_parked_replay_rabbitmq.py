@@ -12,9 +12,7 @@ would be applied twice).
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -31,8 +29,17 @@ from streamapp.rabbitmq.sink import RabbitSink
 from streamapp.rabbitmq.wire import from_message
 from streamapp.republish import REPLAYED
 from tests.conftest import Services
+from tests.support import waits
 
-from .harness import ROOT, WorkerProc, app_env, read_table, streamapp_cmd, wait_ready
+from .harness import (
+    ROOT,
+    WorkerProc,
+    app_env,
+    read_table,
+    streamapp_cmd,
+    wait_ready,
+    worker_progress,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -106,11 +113,16 @@ async def depth(amqp: str, topic: str) -> int:
         await connection.close()
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while not await check():
-        assert time.monotonic() < deadline, f"not {what} within {within_s:.0f}s"
-        await asyncio.sleep(0.2)
+async def until(check: Callable[[], Awaitable[bool]], what: str, worker: WorkerProc) -> None:
+    """Until ``check()`` holds; fails once neither the worker's log nor its /status moved
+    for a minute, or it died."""
+    await waits.until(
+        check,
+        what=what,
+        progress=lambda: worker_progress([worker]),
+        poll_s=0.2,
+        detail=lambda: worker.log_text()[-3000:],
+    )
 
 
 async def send(amqp: str, topic: str, events: list[Event]) -> None:
@@ -172,22 +184,26 @@ def run_worker(ns: str, amqp: str, tmp_path: Path, gate: Path) -> WorkerProc:
 
 
 async def settled(
-    worker: WorkerProc, amqp: str, source: str, table: str, keys: list[str]
+    worker: WorkerProc, amqp: str, source: str, table_name: str, keys: list[str]
 ) -> dict[str, Any]:
     """The table once the source queues are drained and the worker is idle, twice alike."""
     last: dict[str, Any] | None = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert worker.alive, worker.log_text()[-3000:]
+    table: dict[str, Any] = {}
+
+    async def twice_alike() -> bool:
+        nonlocal last
         status = await worker.status()
         idle = status is not None and not any(p["busy"] for p in status["partitions"].values())
         if idle and await depth(amqp, source) == 0:
-            now = await read_table([worker], table, keys)
-            if now == last:
-                return now
-            last = now
-        await asyncio.sleep(0.5)
-    raise AssertionError("the worker did not settle within 60s")
+            table.clear()
+            table.update(await read_table([worker], table_name, keys))
+            if table == last:
+                return True
+            last = dict(table)
+        return False
+
+    await until(twice_alike, "the worker settled", worker)
+    return table
 
 
 async def test_parked_messages_go_back_once(amqp: str, tmp_path: Path) -> None:
@@ -208,7 +224,7 @@ async def test_parked_messages_go_back_once(amqp: str, tmp_path: Path) -> None:
                 assert worker.alive, worker.log_text()[-3000:]
                 return await depth(amqp, parking) == 4
 
-            await until(parked_all, "4 messages parked")
+            await until(parked_all, "4 messages parked", worker)
             table = await settled(worker, amqp, source, "applied", gated + good)
             assert all(table[s] is None for s in gated)
             assert all(len(table[s]) == 1 for s in good)
@@ -223,7 +239,7 @@ async def test_parked_messages_go_back_once(amqp: str, tmp_path: Path) -> None:
             assert dry.returncode == 0, dry.stderr
             assert "dry run: would send 4 records back" in dry.stdout, dry.stdout
             assert dry.stdout.count(f"would send queue {parking}.") == 4
-            await until(lambda: _equals(depth(amqp, parking), 4), "the dry run's put back")
+            await until(lambda: _equals(depth(amqp, parking), 4), "the dry run's put back", worker)
             assert len(seen) == 6  # nothing sent
 
             run = cli(ns, amqp, "parked", "replay", "--topic", parking)
@@ -263,7 +279,7 @@ async def test_dead_letters_go_back_once(amqp: str, tmp_path: Path) -> None:
                 assert worker.alive, worker.log_text()[-3000:]
                 return await depth(amqp, dlq) == 3
 
-            await until(dead_all, "3 messages dead-lettered")
+            await until(dead_all, "3 messages dead-lettered", worker)
             originals = {id_of(m): m for m in seen}
             gate.unlink()
             run = cli(ns, amqp, "dlq", "replay", "--topic", dlq)
@@ -303,7 +319,7 @@ async def test_a_message_whose_stream_moved_on_is_skipped_with_a_warning(
             assert worker.alive, worker.log_text()[-3000:]
             return await depth(amqp, parking) == 2
 
-        await until(parked_both, "2 messages parked")
+        await until(parked_both, "2 messages parked", worker)
         table = await settled(worker, amqp, source, "applied", [moved, kept])
         assert table == {moved: [later.id], kept: None}
         gate.unlink()
@@ -320,7 +336,7 @@ async def test_a_message_whose_stream_moved_on_is_skipped_with_a_warning(
             got = await read_table([worker], "applied", [kept])
             return got[kept] == [alone.id]
 
-        await until(applied_kept, f"the event of {kept} applied")
+        await until(applied_kept, f"the event of {kept} applied", worker)
         table = await settled(worker, amqp, source, "applied", [moved, kept])
         assert table == {moved: [later.id], kept: [alone.id]}  # moved misses it
         (line,) = warned()
@@ -360,7 +376,7 @@ async def test_an_unconfirmed_record_stops_the_run_and_stays_parked(
             assert worker.alive, worker.log_text()[-3000:]
             return await depth(amqp, parking) == 4
 
-        await until(parked_all, "4 messages parked")
+        await until(parked_all, "4 messages parked", worker)
     finally:
         assert worker.stop() == 0
     gate.unlink()

@@ -12,11 +12,12 @@ reply is lost is cut through a proxy instead (no restart).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +33,7 @@ from streamapp.engine.delivery import STORE_POSITION_HEADER
 from streamapp.eventstore import Append, open_store
 from streamapp.eventstore.postgres import PostgresEventStore
 from tests.support.services import restart
+from tests.support.waits import Stalled, until
 
 from .harness import (
     ROOT,
@@ -47,6 +49,7 @@ from .harness import (
     topic_size,
     wait_group_ready,
     wait_ready,
+    worker_progress,
 )
 from .test_rabbitmq import rabbit_env, topics_create
 from .test_rabbitmq_group import _drained, _read_exact
@@ -197,19 +200,27 @@ async def test_appends_ride_out_a_restart(pg: tuple[str, Outage], tmp_path: Path
             await asyncio.sleep(0.1)
         await outage.restart()
         # every API appender appends again (synchronised on its own successes)
-        deadline = time.monotonic() + 60
-        while not all(t and t[-1] > outage.up_at for t in successes):
-            assert time.monotonic() < deadline, "an appender did not resume within 60 s"
+
+        def appending() -> tuple[int, int]:  # the appenders' successes, the CLI's lines
             assert not any(f.done() for f in feeders), [f.exception() for f in feeders if f.done()]
-            await asyncio.sleep(0.05)
+            return sum(len(t) for t in successes), lines_written
+
+        await until(
+            lambda: all(t and t[-1] > outage.up_at for t in successes),
+            what="every API appender appending again",
+            progress=appending,
+            poll_s=0.05,
+        )
         resumed = max(next(x for x in t if x > outage.up_at) for t in successes) - outage.up_at
         outage.figures["api appends resumed"] = resumed
         print(f"api appends resumed {resumed:.2f}s after PostgreSQL was started again")
         written_before = lines_written
-        deadline = time.monotonic() + 60
-        while lines_written < written_before + 4000:  # the CLI's pipe flows again
-            assert time.monotonic() < deadline, "the CLI appender did not resume"
-            await asyncio.sleep(0.05)
+        await until(  # the CLI's pipe flows again
+            lambda: lines_written >= written_before + 4000,
+            what="the CLI appender appending again",
+            progress=lambda: lines_written,
+            poll_s=0.05,
+        )
         stop.set()
         await asyncio.gather(*feeders)
         out, err = await asyncio.wait_for(cli.communicate(), 120)
@@ -299,17 +310,23 @@ def _published_at(log: str) -> list[datetime]:
     ]
 
 
-async def _positions(bootstrap: str, topic: str, want: int, within_s: float) -> set[int]:
-    """Store positions carried by the records of ``topic``, until all 1..want are seen."""
+async def _positions(bootstrap: str, topic: str, want: int) -> set[int]:
+    """Store positions carried by the records of ``topic``, until all 1..want are seen;
+    what was seen once no new position came for a minute (the caller's assert names the
+    missing ones)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     seen: set[int] = set()
+
+    async def all_seen() -> bool:
+        for recs in (await consumer.getmany(timeout_ms=500)).values():
+            for rec in recs:
+                seen.add(int(dict(rec.headers)[STORE_POSITION_HEADER]))
+        return len(seen) >= want
+
     try:
-        deadline = time.monotonic() + within_s
-        while len(seen) < want and time.monotonic() < deadline:
-            for recs in (await consumer.getmany(timeout_ms=500)).values():
-                for rec in recs:
-                    seen.add(int(dict(rec.headers)[STORE_POSITION_HEADER]))
+        with contextlib.suppress(Stalled):
+            await until(all_seen, what=f"{want} positions in {topic}", progress=lambda: len(seen))
     finally:
         await consumer.stop()
     return seen
@@ -342,12 +359,20 @@ async def test_two_forwarders_through_a_restart_publish_every_position_one_at_a_
             await asyncio.sleep(0.1)
         before = await topic_size(kafka_bootstrap, topic)
         await outage.restart()
-        while await topic_size(kafka_bootstrap, topic) <= before:
-            assert time.monotonic() - outage.up_at < 60, [f.log_text()[-2000:] for f in fwds]
-            await asyncio.sleep(0.05)
+
+        async def published() -> bool:
+            return await topic_size(kafka_bootstrap, topic) > before
+
+        await until(
+            published,
+            what=f"publishing to {topic} resumed",
+            progress=lambda: tuple(f.log_size() for f in fwds),
+            poll_s=0.05,
+            detail=lambda: [f.log_text()[-2000:] for f in fwds],
+        )
         outage.since_up("publishing resumed")
-        await asyncio.wait_for(appending, 120)
-        seen = await _positions(kafka_bootstrap, topic, total, within_s=120)
+        await _done(appending, lambda: topic_size(kafka_bootstrap, topic))
+        seen = await _positions(kafka_bootstrap, topic, total)
         outage.since_up("every position forwarded")
         assert seen == set(range(1, total + 1)), (
             f"missing {sorted(set(range(1, total + 1)) - seen)[:20]}"
@@ -419,20 +444,20 @@ async def _lock_session_killed(kafka_bootstrap: str, url: str, tmp_path: Path) -
         fwds[1].start()
         await _wait_log(fwds[1], "waits: the forwarder lock is held")
         appending = asyncio.create_task(_append_slowly(url, 0, total))
-        deadline = time.monotonic() + 60
-        while await topic_size(kafka_bootstrap, topic) < 1000:
-            assert time.monotonic() < deadline, fwds[0].log_text()[-3000:]
-            await asyncio.sleep(0.1)
+        await _wait_size(kafka_bootstrap, topic, 1000, fwds)
         assert fwds[0].proc is not None
         killed = await _terminate_lock_session(url, fwds[0].proc.pid)
         assert killed == 1
         await _wait_log(fwds[0], "lost the forwarder lock")
-        deadline = time.monotonic() + 30  # one of them (either) holds it and goes on
-        while sum(f.log_text().count(" starts at store position ") for f in fwds) < 2:
-            assert time.monotonic() < deadline, [f.log_text()[-2000:] for f in fwds]
-            await asyncio.sleep(0.05)
-        await asyncio.wait_for(appending, 120)
-        seen = await _positions(kafka_bootstrap, topic, total, within_s=120)
+        await until(  # one of them (either) holds it and goes on
+            lambda: sum(f.log_text().count(" starts at store position ") for f in fwds) >= 2,
+            what="a forwarder holding the lock again",
+            progress=lambda: tuple(f.log_size() for f in fwds),
+            poll_s=0.05,
+            detail=lambda: [f.log_text()[-2000:] for f in fwds],
+        )
+        await _done(appending, lambda: topic_size(kafka_bootstrap, topic))
+        seen = await _positions(kafka_bootstrap, topic, total)
         assert seen == set(range(1, total + 1))
         assert all(f.alive for f in fwds), "a forwarder exited"
     finally:
@@ -458,12 +483,43 @@ async def _terminate_lock_session(url: str, pid: int) -> int:
     return int(row[0]) if row else 0
 
 
-async def _wait_log(proc: StreamappProc, text: str, within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while text not in proc.log_text():
+async def _wait_log(proc: StreamappProc, text: str) -> None:
+    """Until ``proc`` logged ``text``; fails once its log stood still for a minute."""
+
+    def grown() -> int:
         assert proc.alive, proc.log_text()[-3000:]
-        assert time.monotonic() < deadline, f"{text!r} not logged:\n{proc.log_text()[-3000:]}"
-        await asyncio.sleep(0.05)
+        return proc.log_size()
+
+    await until(
+        lambda: text in proc.log_text(),
+        what=f"{text!r} logged",
+        progress=grown,
+        poll_s=0.05,
+        detail=lambda: proc.log_text()[-3000:],
+    )
+
+
+async def _wait_size(bootstrap: str, topic: str, n: int, fwds: list[StreamappProc]) -> None:
+    """Until ``topic`` holds ``n`` records; fails once neither its size nor the
+    forwarders' logs moved for a minute."""
+    size = [0]
+
+    async def enough() -> bool:
+        size[0] = await topic_size(bootstrap, topic)
+        return size[0] >= n
+
+    await until(
+        enough,
+        what=f"{n} records in {topic}",
+        progress=lambda: (size[0], tuple(f.log_size() for f in fwds)),
+        detail=lambda: fwds[0].log_text()[-3000:],
+    )
+
+
+async def _done(task: asyncio.Task[None], progress: Callable[[], Any]) -> None:
+    """Until ``task`` is done (its exception raised), while ``progress`` moves."""
+    await until(task.done, what=f"{task.get_name()} done", progress=progress)
+    await task
 
 
 # --- (c) a Kafka worker's catch-up ----------------------------------------------------------
@@ -490,11 +546,17 @@ async def test_a_kafka_worker_catching_up_from_postgres_rides_out_a_restart(
         extra_env={"STREAMAPP_EVENT_STORE": url},
     ).start()
     try:
-        deadline = time.monotonic() + 120
-        while not any(p["phase"] == "catching_up" for p in await _phases(worker)):
-            assert worker.alive, worker.log_text()[-3000:]
-            assert time.monotonic() < deadline, worker.log_text()[-3000:]
-            await asyncio.sleep(0.02)
+
+        async def catching_up() -> bool:
+            return any(p["phase"] == "catching_up" for p in await _phases(worker))
+
+        await until(
+            catching_up,
+            what="a partition catching up",
+            progress=lambda: worker_progress([worker]),
+            poll_s=0.02,
+            detail=lambda: worker.log_text()[-3000:],
+        )
         await outage.down()
         phases = {p["phase"] for p in await _phases(worker)}
         assert phases & {"restoring", "catching_up"}, f"caught up before the outage: {phases}"
@@ -547,10 +609,16 @@ async def test_a_rabbitmq_partition_moved_while_postgres_is_down_replays_once_it
         mine = set((await wait_ready(workers[0]))["partitions"])
         await outage.down()
         assert workers[1].stop() == 0  # leaves: its partitions move to w1
-        deadline = time.monotonic() + 60
-        while len((await workers[0].status() or {}).get("partitions", {})) < 8:
-            assert time.monotonic() < deadline, workers[0].log_text()[-3000:]
-            await asyncio.sleep(0.1)
+
+        async def took_all() -> bool:
+            return len((await workers[0].status() or {}).get("partitions", {})) >= 8
+
+        await until(
+            took_all,
+            what="w1 owning all 8 partitions",
+            progress=lambda: worker_progress(workers[:1]),
+            detail=lambda: workers[0].log_text()[-3000:],
+        )
         status = await workers[0].status()
         assert status is not None
         moved = {n: p["phase"] for n, p in status["partitions"].items() if n not in mine}
@@ -600,13 +668,21 @@ async def test_a_store_only_worker_keeps_following_and_its_lock_through_a_restar
         await append_to_store(url, events[5000:])
         await _read_exact([first], expected)
         outage.since_up("tables exact")
-        deadline = time.monotonic() + 30
-        while not re.search(r"worker lock of app .*: reconnected after", first.log_text()):
-            assert time.monotonic() < deadline, first.log_text()[-3000:]
-            await asyncio.sleep(0.1)
+        await until(
+            lambda: re.search(r"worker lock of app .*: reconnected after", first.log_text()),
+            what="the worker lock reconnected",
+            progress=lambda: worker_progress([first]),
+            detail=lambda: first.log_text()[-3000:],
+        )
         second.start()
         assert second.proc is not None
-        assert await asyncio.to_thread(second.proc.wait, 60) != 0
+        proc = second.proc
+        await until(
+            lambda: proc.poll() is not None,
+            what="the second worker refused",
+            progress=second.log_size,
+        )
+        assert proc.returncode != 0
         assert "already runs on the event store" in second.log_text(), second.log_text()
         assert first.alive
     finally:
@@ -650,7 +726,13 @@ async def test_a_store_only_worker_whose_lock_was_taken_over_stops(
                     (f"{ns}orders",),
                 )
                 assert (await cur.fetchone()) == (True,), "the worker kept its lock"
-                code = await asyncio.to_thread(worker.proc.wait, 60)
+                proc = worker.proc
+                await until(
+                    lambda: proc.poll() is not None,
+                    what="the worker that lost its lock exiting",
+                    progress=worker.log_size,
+                )
+                code = proc.returncode
         finally:
             if worker.alive:
                 worker.kill()

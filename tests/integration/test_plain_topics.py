@@ -6,6 +6,7 @@ alone; a record that is not JSON is parked with its reason (``tests/apps/plain_a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import subprocess
 import time
@@ -16,10 +17,11 @@ from typing import Any
 import aio_pika
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from streamapp.partitioner import partition_for
 from tests.conftest import Services
+from tests.support.waits import Stalled, until
 
 from .harness import (
     ROOT,
@@ -27,6 +29,7 @@ from .harness import (
     app_env,
     create_topics,
     read_table,
+    read_topic,
     streamapp_cmd,
     wait_caught_up,
     wait_ready,
@@ -77,23 +80,7 @@ async def _produce_bare(bootstrap: str, topic: str, records: Records, rate: floa
 
 
 async def _parked(bootstrap: str, topic: str) -> list[Any]:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
-    )
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or {0})]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        got: list[Any] = []
-        async with asyncio.timeout(60):
-            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                batch = await consumer.getmany(*tps, timeout_ms=500)
-                got += [r for rs in batch.values() for r in rs]
-        return got
-    finally:
-        await consumer.stop()
+    return await read_topic(bootstrap, topic)
 
 
 @pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
@@ -213,13 +200,23 @@ async def test_a_plain_json_queue_is_read_on_rabbitmq_and_what_is_not_json_parke
         seen: set[tuple[str, int]] = set()
         parked: list[aio_pika.abc.AbstractIncomingMessage] = []
         queues = [f"{ns}payments-ingested.{p}" for p in range(4)]
-        deadline = time.monotonic() + 120
-        while (seen != sent or not parked) and time.monotonic() < deadline:
+
+        async def all_out() -> bool:
             for m in await _drain(services.amqp, queues):
                 data = orjson.loads(m.body)
                 seen.add((data["account"], data["n"]))
-            parked += await _drain(services.amqp, [f"{ns}payments-parked.{p}" for p in range(4)])
-            await asyncio.sleep(0.5)
+            parked.extend(
+                await _drain(services.amqp, [f"{ns}payments-parked.{p}" for p in range(4)])
+            )
+            return seen == sent and bool(parked)
+
+        with contextlib.suppress(Stalled):  # what is missing: the asserts below say
+            await until(
+                all_out,
+                what="every record out and the bad one parked",
+                progress=lambda: (len(seen), len(parked), worker.log_size()),
+                poll_s=0.5,
+            )
         assert seen == sent, f"missing {len(sent - seen)}, extra {len(seen - sent)}"
         assert [m.body for m in parked] == [bad[1]]
         reason = (parked[0].headers or {})["streamapp-park-reason"]

@@ -9,7 +9,6 @@ is made by silencing one in-process member's heartbeats.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -125,11 +124,20 @@ class Member:
         return task.tables.view("counts").get(key)
 
 
-async def until(check: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline, f"not within {within_s}s: {what}"
-        await asyncio.sleep(0.1)
+async def until(check: Callable[[], bool], what: str, *members: Member) -> None:
+    """Until ``check()`` holds; fails once nothing the members show moved for a minute
+    (the partitions each holds and their phases, the events each applied)."""
+
+    def moved() -> object:
+        seen = []
+        for m in members:
+            tasks = m.source.assignment.tasks if m.worker.source is not None else {}
+            phases = sorted((p, t.phase.value) for (_, p), t in tasks.items())
+            applied = sum(t.counts.processed + t.counts.replayed for t in tasks.values())
+            seen.append((tuple(phases), applied))
+        return tuple(seen)
+
+    await until_progress(check, what=what, progress=moved)
 
 
 def events(n: int, keys: int, start: int = 0) -> list[Event]:
@@ -211,31 +219,33 @@ async def test_a_partition_that_comes_back_replays_what_another_member_applied(
     partitions is stale unless its open replays the store: every key must be exact."""
     a, b, calls, store = group.a, group.b, group.calls, group.store
     await a.start()
-    await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+    await until(lambda: a.owned() == set(range(PARTITIONS)), "a owns all", a, b)
     first, second, third = events(400, 40), events(400, 40, 400), events(400, 40, 800)
     await append_to_store(store, first)
-    await until(lambda: len(calls) >= 400, 30, "a applied the first events")
+    await until(lambda: len(calls) >= 400, "a applied the first events", a, b)
     await b.start()  # 1 -> 2: half the partitions move to b
     await until(
         lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
-        20,
         "the partitions are shared",
+        a,
+        b,
     )
     await append_to_store(store, second)
     await until(
         lambda: all(
             (a.value(k) or b.value(k) or {}).get("n") == 20 for k in expected_counts(first)
         ),
-        30,
         "the second events applied",
+        a,
+        b,
     )
     by_b = {eid for who, eid in calls if who == "b"}
     assert {e.id for e in second} & by_b  # b applied some live events itself
     await b.stop()  # 2 -> 1: b's partitions come back to a, which had old state
-    await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all again")
+    await until(lambda: a.owned() == set(range(PARTITIONS)), "a owns all again", a, b)
     await append_to_store(store, third)
     expected = expected_counts(first + second + third)
-    await until(lambda: all(a.value(k) == v for k, v in expected.items()), 30, "a exact")
+    await until(lambda: all(a.value(k) == v for k, v in expected.items()), "a exact", a, b)
 
 
 async def test_members_that_disagree_apply_each_event_once(group: Group) -> None:
@@ -244,7 +254,7 @@ async def test_members_that_disagree_apply_each_event_once(group: Group) -> None
     applied by one member; once A is heard again the members agree and stay exact."""
     a, b, calls, store = group.a, group.b, group.calls, group.store
     await a.start()
-    await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+    await until(lambda: a.owned() == set(range(PARTITIONS)), "a owns all", a, b)
     group = a.group
     heard, send = group._heard, group._send
 
@@ -254,12 +264,12 @@ async def test_members_that_disagree_apply_each_event_once(group: Group) -> None
     group._heard = lambda *args: None  # type: ignore[method-assign]
     group._send = mute  # type: ignore[method-assign]
     await b.start()
-    await until(lambda: b.owned() == set(range(PARTITIONS)), 20, "b takes all too")
+    await until(lambda: b.owned() == set(range(PARTITIONS)), "b takes all too", a, b)
     assert a.owned() == set(range(PARTITIONS))  # both hold every partition
     window = events(600, 30)
     calls.clear()
     await append_to_store(store, window)
-    await until(lambda: len({eid for _, eid in calls}) >= 600, 30, "the window applied")
+    await until(lambda: len({eid for _, eid in calls}) >= 600, "the window applied", a, b)
     await asyncio.sleep(1.0)  # anything doubly applied would show by now
     appliers: dict[str, set[str]] = {}
     for who, eid in calls:
@@ -270,16 +280,18 @@ async def test_members_that_disagree_apply_each_event_once(group: Group) -> None
     group._heard, group._send = heard, send  # type: ignore[method-assign]
     await until(
         lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
-        30,
         "the members agree again",
+        a,
+        b,
     )
     after = events(300, 30, 600)
     await append_to_store(store, after)
     expected = expected_counts(window + after)
     await until(
         lambda: all((a.value(k) or b.value(k)) == v for k, v in expected.items()),
-        30,
         "exact after the disagreement",
+        a,
+        b,
     )
 
 
@@ -291,7 +303,7 @@ async def test_a_member_nobody_hears_hands_over_without_losing_an_event(group: G
     store's head is replayed by B before its first live message."""
     a, b, calls, store = group.a, group.b, group.calls, group.store
     await a.start()
-    await until(lambda: a.owned() == set(range(PARTITIONS)), 20, "a owns all")
+    await until(lambda: a.owned() == set(range(PARTITIONS)), "a owns all", a, b)
     group = a.group
     send, heard = group._send, group._heard
 
@@ -310,35 +322,38 @@ async def test_a_member_nobody_hears_hands_over_without_losing_an_event(group: G
     loading = asyncio.create_task(load())
     await asyncio.sleep(0.5)
     await b.start()  # mid-load
-    await until(lambda: b.owned() == set(range(PARTITIONS)), 30, "b takes all")
+    await until(lambda: b.owned() == set(range(PARTITIONS)), "b takes all", a, b)
     await asyncio.sleep(1.5)  # b caught up and waits; a, the active consumer, applies
     assert not loading.done()
     applied_by_a = len([1 for who, _ in calls if who == "a"])
     await until(  # the scenario: a applies live events after b's replay reached the head
         lambda: len([1 for who, _ in calls if who == "a"]) > applied_by_a,
-        20,
         "a applies meanwhile",
+        a,
+        b,
     )
     group._heard = heard  # type: ignore[method-assign]  # a hears b holding everything
-    await until(lambda: not a.owned(), 30, "a lets go")
+    await until(lambda: not a.owned(), "a lets go", a, b)
     await loading
     expected = expected_counts(stream)
-    await until(lambda: all(b.value(k) == v for k, v in expected.items()), 60, "b exact")
+    await until(lambda: all(b.value(k) == v for k, v in expected.items()), "b exact", a, b)
     assert {who for who, _ in calls} == {"a", "b"}  # both applied live events
 
     group._send = send  # type: ignore[method-assign]
     await until(
         lambda: len(a.owned()) == PARTITIONS // 2 and len(b.owned()) == PARTITIONS // 2,
-        30,
         "a is heard again and takes its share",
+        a,
+        b,
     )
     more = events(200, 60, 4000)
     await append_to_store(store, more)
     expected = expected_counts(stream + more)
     await until(
         lambda: all((a.value(k) or b.value(k)) == v for k, v in expected.items()),
-        30,
         "exact once the members agree",
+        a,
+        b,
     )
 
 

@@ -18,8 +18,17 @@ from streamapp.codecs import amqp as codec
 from streamapp.rabbitmq.sink import RabbitSink
 from streamapp.settings import Settings
 from tests.conftest import Services
+from tests.support.waits import until
 
-from .harness import ROOT, WorkerProc, app_env, read_table, streamapp_cmd, wait_ready
+from .harness import (
+    ROOT,
+    WorkerProc,
+    app_env,
+    read_table,
+    streamapp_cmd,
+    wait_ready,
+    worker_progress,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -84,7 +93,14 @@ async def test_refuse_stops_the_worker_non_zero_and_its_deliveries_come_back_fla
     await _publish(amqp, f"{ns}rf-in", events)
     assert worker.proc is not None
     started = time.monotonic()
-    code = await asyncio.to_thread(worker.proc.wait, 60)
+    proc = worker.proc
+    await until(
+        lambda: proc.poll() is not None,
+        what="the refusing worker exiting",
+        progress=worker.log_size,
+        detail=lambda: worker.log_text()[-3000:],
+    )
+    code = proc.returncode
     took = time.monotonic() - started
     log = worker.log_text()
     print(f"worker exited {code} after {took:.1f}s")
@@ -105,9 +121,19 @@ async def test_refuse_stops_the_worker_non_zero_and_its_deliveries_come_back_fla
     ).start()
     try:
         await wait_ready(fixed)
-        deadline = time.monotonic() + 30
-        while (table := await read_table([fixed], "counts", ["s"])) != {"s": 6}:
-            assert time.monotonic() < deadline, (table, fixed.log_text()[-3000:])
-            await asyncio.sleep(0.2)
+        table: dict[str, object] = {}
+
+        async def counted() -> bool:
+            table.clear()
+            table.update(await read_table([fixed], "counts", ["s"]))
+            return table == {"s": 6}
+
+        await until(
+            counted,
+            what="the fixed worker counting all six events of stream s",
+            progress=lambda: worker_progress([fixed]),
+            poll_s=0.2,
+            detail=lambda: (table, fixed.log_text()[-3000:]),
+        )
     finally:
         assert fixed.stop() == 0, fixed.log_text()[-3000:]

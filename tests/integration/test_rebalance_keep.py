@@ -3,8 +3,6 @@ store reopen, no restore; the partitions it loses are closed; state stays exact.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -48,13 +46,23 @@ def _app(ns: str, bootstrap: str, data_dir: Path) -> App:
     return app
 
 
-async def _until(check: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {within_s:.0f}s: {what}")
+def _tasks(*workers: Worker | None) -> Callable[[], object]:
+    """A wait's progress over in-process workers: each one's partitions, phases and
+    counts (events processed, keys restored)."""
+
+    def moved() -> object:
+        return tuple(
+            tuple(
+                sorted(
+                    (p, t.phase.name, t.counts.processed, t.counts.restored)
+                    for (_, p), t in w.source.assignment.tasks.items()
+                )
+            )
+            for w in workers
+            if w is not None
+        )
+
+    return moved
 
 
 async def _drained(bootstrap: str, group: str, topic: str) -> None:
@@ -106,7 +114,9 @@ async def test_partitions_handed_back_in_a_rebalance_stay_open(
     await a.start()
     b: Worker | None = None
     try:
-        await _until(_live(a, PARTITIONS), 60, "worker a live on every partition")
+        await until(
+            _live(a, PARTITIONS), what="worker a live on every partition", progress=_tasks(a)
+        )
         await _drained(kafka_bootstrap, first.id, topic)
         before: dict[tuple[str, int], PartitionTask] = dict(a.source.assignment.tasks)
         restored = sum(t.counts.restored for t in before.values())
@@ -114,8 +124,12 @@ async def test_partitions_handed_back_in_a_rebalance_stay_open(
         second = _app(ns, kafka_bootstrap, tmp_path / "b")
         b = Worker(second, second.settings())
         await b.start()
-        await _until(_live(a, PARTITIONS // 2), 60, "a keeps half the partitions")
-        await _until(_live(b, PARTITIONS // 2), 60, "b takes the other half")
+        await until(
+            _live(a, PARTITIONS // 2), what="a keeping half the partitions", progress=_tasks(a, b)
+        )
+        await until(
+            _live(b, PARTITIONS // 2), what="b taking the other half", progress=_tasks(a, b)
+        )
         after = a.source.assignment.tasks
         kept = [key for key, task in after.items() if before.get(key) is task]
         assert sorted(kept) == sorted(after)  # every partition a still has: the same task
@@ -127,16 +141,24 @@ async def test_partitions_handed_back_in_a_rebalance_stay_open(
         await send(400)
         await _drained(kafka_bootstrap, first.id, topic)
         both = [a, b]
-        await _until(lambda: sum(_counts(both, topic, streams).values()) == 800, 30, "800 applied")
+        await until(
+            lambda: sum(_counts(both, topic, streams).values()) == 800,
+            what="800 applied",
+            progress=_tasks(a, b),
+        )
         assert set(_counts(both, topic, streams).values()) == {20}  # each event once, per stream
     finally:
         if b is not None:
             await b.stop()
     try:
-        await _until(_live(a, PARTITIONS), 60, "a takes every partition back")
+        await until(_live(a, PARTITIONS), what="a taking every partition back", progress=_tasks(a))
         await send(400)
         await _drained(kafka_bootstrap, first.id, topic)
-        await _until(lambda: sum(_counts([a], topic, streams).values()) == 1200, 30, "all applied")
+        await until(
+            lambda: sum(_counts([a], topic, streams).values()) == 1200,
+            what="all 1200 applied",
+            progress=_tasks(a),
+        )
         assert set(_counts([a], topic, streams).values()) == {30}
     finally:
         await a.stop()

@@ -5,13 +5,13 @@ applied once)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import App, Event
@@ -20,8 +20,16 @@ from streamapp.kafka import relay as relay_module
 from streamapp.kafka.relay import KafkaRelay, relay_group
 from streamapp.kafka.sink import KafkaSink
 from streamapp.partitioner import partition_for
+from tests.support.waits import STALLED_S, until
 
-from .harness import WorkerProc, create_topics, read_table, wait_ready
+from .harness import (
+    WorkerProc,
+    create_topics,
+    read_table,
+    read_topic,
+    wait_ready,
+    worker_progress,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -68,11 +76,25 @@ async def _relay_committed(bootstrap: str, ns: str) -> int | None:
     return meta.offset if meta is not None and meta.offset >= 0 else None
 
 
-async def _until(check: Any, within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not await check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.1)
+def _relays(bootstrap: str, ns: str, *relays: KafkaRelay) -> Callable[[], Awaitable[object]]:
+    """A wait's progress over in-process relays: copies held and relayed, the copies in
+    their windows, and what the relay group committed."""
+
+    async def moved() -> object:
+        windows = tuple(tuple(len(w) for w in r.windows.values()) for r in relays)
+        held = tuple((r.held, r.relayed) for r in relays)
+        return held, windows, await _relay_committed(bootstrap, ns)
+
+    return moved
+
+
+def _worker(bootstrap: str, ns: str, worker: WorkerProc) -> Callable[[], Awaitable[object]]:
+    """A wait's progress over a worker process: its log, its /status, the relay's commit."""
+
+    async def moved() -> object:
+        return await worker_progress([worker]), await _relay_committed(bootstrap, ns)
+
+    return moved
 
 
 async def test_short_back_offs_pass_a_long_one_and_a_kill_mid_window_loses_nothing(
@@ -99,7 +121,11 @@ async def test_short_back_offs_pass_a_long_one_and_a_kill_mid_window_loses_nothi
             table = await read_table([first], "sums", short_keys)
             return all(table[k] == 1 for k in short_keys)
 
-        await _until(shorts_applied, LONG_S + 20, "the short copies were applied")
+        await until(
+            shorts_applied,
+            what="the short copies applied",
+            progress=_worker(kafka_bootstrap, ns, first),
+        )
         shorts_at = time.monotonic() - sent
         table = await read_table([first], "sums", keys)
         assert table[long_key] is None, (
@@ -120,14 +146,23 @@ async def test_short_back_offs_pass_a_long_one_and_a_kill_mid_window_loses_nothi
         async def all_applied() -> bool:
             return await read_table([second], "sums", keys) == expected
 
-        await _until(all_applied, LONG_S + 40, "every event applied after the restart")
+        await until(
+            all_applied,
+            what="every event applied after the restart",
+            progress=_worker(kafka_bootstrap, ns, second),
+            stalled_s=LONG_S + STALLED_S,  # the long copy's back-off: nothing moves meanwhile
+        )
         long_at = time.monotonic() - sent
         assert long_at >= LONG_S - 1  # never before its due time (clocks of one host)
 
         async def relay_done() -> bool:
             return await _relay_committed(kafka_bootstrap, ns) == 1 + len(shorts)
 
-        await _until(relay_done, 20, "the relay committed past every copy")
+        await until(
+            relay_done,
+            what="the relay committed past every copy",
+            progress=_worker(kafka_bootstrap, ns, second),
+        )
         assert await read_table([second], "sums", keys) == expected  # each applied once
         print(
             f"shorts applied at {shorts_at:.1f} s, restart ready at {restarted_at:.1f} s, "
@@ -165,7 +200,11 @@ async def test_a_full_window_pauses_the_partition_until_copies_leave_it(
             most = max(most, relay.held)
             return relay.held == 3 and tp in relay._consumer.paused()
 
-        await _until(full_and_paused, 30, "the window filled and the partition paused")
+        await until(
+            full_and_paused,
+            what="the window filled and the partition paused",
+            progress=_relays(kafka_bootstrap, ns, relay),
+        )
         assert relay.relayed == 0  # nothing due yet
 
         async def all_relayed() -> bool:
@@ -173,7 +212,11 @@ async def test_a_full_window_pauses_the_partition_until_copies_leave_it(
             most = max(most, relay.held)
             return relay.relayed == 8 and await _relay_committed(kafka_bootstrap, ns) == 8
 
-        await _until(all_relayed, 30, f"all 8 relayed (relayed {relay.relayed})")
+        await until(
+            all_relayed,
+            what=lambda: f"all 8 relayed (relayed {relay.relayed})",
+            progress=_relays(kafka_bootstrap, ns, relay),
+        )
         assert most == 3
         assert tp not in relay._consumer.paused()
     finally:
@@ -184,18 +227,7 @@ async def test_a_full_window_pauses_the_partition_until_copies_leave_it(
 
 async def _origin_ids(bootstrap: str, ns: str) -> list[str]:
     """The event ids on ``{ns}rt-in`` now, per partition in offset order."""
-    consumer = AIOKafkaConsumer(
-        f"{ns}rt-in", bootstrap_servers=bootstrap, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    got: list[Any] = []
-    try:
-        for _ in range(4):
-            batch = await consumer.getmany(timeout_ms=500)
-            got += [r for recs in batch.values() for r in recs]
-    finally:
-        await consumer.stop()
-    got.sort(key=lambda r: (r.partition, r.offset))
+    got = await read_topic(bootstrap, f"{ns}rt-in", committed=False)  # as before: all written
     return [dict(r.headers)["ce_id"].decode() for r in got]
 
 
@@ -227,7 +259,11 @@ async def test_a_rebalance_drops_the_window_and_the_next_owner_reads_it_again(
         async def shorts_out() -> bool:
             return relays[0].relayed == 3 and relays[0].held == 1
 
-        await _until(shorts_out, 30, "the shorts relayed, the long copy held")
+        await until(
+            shorts_out,
+            what="the shorts relayed, the long copy held",
+            progress=_relays(kafka_bootstrap, ns, *relays),
+        )
         assert await _relay_committed(kafka_bootstrap, ns) == 0
         before = relays[0].windows[tp]
         await relays[1].start()
@@ -236,19 +272,32 @@ async def test_a_rebalance_drops_the_window_and_the_next_owner_reads_it_again(
             owned = [r._consumer.assignment() for r in relays]
             return all(len(a) == 1 for a in owned)
 
-        await _until(split, 30, "the two relays share the two partitions")
+        await until(
+            split,
+            what="the two relays sharing the two partitions",
+            progress=lambda: tuple(frozenset(r._consumer.assignment()) for r in relays),
+        )
         (owner,) = [r for r in relays if tp in r._consumer.assignment()]
 
         async def reread() -> bool:  # the owner's fresh window: the long copy again
             window = owner.windows.get(tp)
             return window is not None and window is not before and len(window) >= 1
 
-        await _until(reread, 30, "the owner read the partition again from the commit")
+        await until(
+            reread,
+            what="the owner reading the partition again from the commit",
+            progress=_relays(kafka_bootstrap, ns, *relays),
+        )
 
         async def long_out() -> bool:
             return await _relay_committed(kafka_bootstrap, ns) == 4
 
-        await _until(long_out, 30, "the long copy relayed and every copy committed")
+        await until(
+            long_out,
+            what="the long copy relayed and every copy committed",
+            progress=_relays(kafka_bootstrap, ns, *relays),
+            stalled_s=8.0 + STALLED_S,  # the long copy's back-off: nothing moves meanwhile
+        )
     finally:
         for r in relays:
             await r.stop()

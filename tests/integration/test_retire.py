@@ -10,9 +10,7 @@ Kafka: the retirement on the members topic; RabbitMQ and embedded
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -24,10 +22,12 @@ from streamapp import Event
 from streamapp.eventstore import open_store
 from streamapp.retirement import Retirement, StoreLedger, encode
 from tests.conftest import PgUrlFactory, Services
+from tests.support.waits import until
 
 from .harness import (
     ROOT,
     WorkerProc,
+    alive,
     app_env,
     append_to_store,
     produce,
@@ -94,12 +94,22 @@ async def views(worker: WorkerProc, path: str) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def gone(path: Path, within_s: float = 30.0) -> None:
-    """Until ``path`` no longer exists (the worker heard of the retirement)."""
-    deadline = time.monotonic() + within_s
-    while await asyncio.to_thread(path.exists):
-        assert time.monotonic() < deadline, f"{path} still there after {within_s}s"
-        await asyncio.sleep(0.2)
+async def gone(path: Path, worker: WorkerProc) -> None:
+    """Until ``path`` no longer exists (the worker heard of the retirement); fails once
+    neither the worker's log nor what ``path`` holds changed for a minute."""
+
+    def listing() -> tuple[object, ...]:
+        alive([worker])
+        held = sorted(str(f) for f in path.rglob("*")) if path.exists() else []
+        return worker.log_size(), tuple(held)
+
+    await until(
+        lambda: not path.exists(),
+        what=f"{path} deleted by the worker on port {worker.port}",
+        progress=listing,
+        poll_s=0.2,
+        detail=lambda: worker.log_text()[-3000:],
+    )
 
 
 @pytest.mark.acceptance  # make acceptance: too heavy for make test on two cores
@@ -164,7 +174,7 @@ async def test_kafka_retire(services: Services, tmp_path: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"deleted topic {changelog_v1}" in done.stdout
         assert changelog_v1 not in await topics(bootstrap)
-        await gone(running.data_dir / group / "status_v1")  # the running worker, at once
+        await gone(running.data_dir / group / "status_v1", running)  # the running worker, at once
         assert (running.data_dir / group / "status_v2").is_dir()
         assert (running.data_dir / group / "count").is_dir()
         assert (tmp_path / "a" / group / "status_v1").is_dir()  # stopped: not yet
@@ -245,7 +255,7 @@ async def test_store_fed_retire(services: Services, tmp_path: Path, broker: str)
         done = retire(v2_env, running, 1, "--yes")
         assert done.returncode == 0, done.stdout + done.stderr
         assert "retired order_status" in done.stdout
-        await gone(data / app_id / "status_v1")  # the running worker, at once
+        await gone(data / app_id / "status_v1", running)  # the running worker, at once
         assert (data / app_id / "status_v2").is_dir()
         assert running.alive
         again = retire(v2_env, running, 1, "--yes")

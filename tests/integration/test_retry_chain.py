@@ -5,8 +5,6 @@ suite, ``tests/contract/test_chain_contract.py``."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from streamapp import App, Event, Retry
 from streamapp.codecs import kafka as codec
@@ -22,8 +20,17 @@ from streamapp.kafka.topology import create_topics as create_app_topics
 from streamapp.partitioner import partition_for
 from streamapp.worker import Worker
 from tests.support import crashpoint
+from tests.support.waits import until
 
-from .harness import WorkerProc, create_topics, lag, read_table, wait_ready
+from .harness import (
+    WorkerProc,
+    create_topics,
+    lag,
+    read_table,
+    read_topic,
+    wait_ready,
+    worker_progress,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,34 +48,8 @@ async def _send(bootstrap: str, topic: str, events: list[Event]) -> None:
         await producer.stop()
 
 
-async def _read(bootstrap: str, topic: str, *, committed: bool = True) -> list[Any]:
-    """Every record of ``topic`` now (``read_committed`` unless ``committed`` is False)."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed" if committed else "read_uncommitted",
-    )
-    await consumer.start()
-    got: list[Any] = []
-    try:
-        for _ in range(4):
-            batch = await consumer.getmany(timeout_ms=500)
-            got += [r for recs in batch.values() for r in recs]
-    finally:
-        await consumer.stop()
-    return sorted(got, key=lambda r: (r.partition, r.offset))
-
-
 def _h(record: Any) -> dict[str, bytes]:
     return dict(record.headers)
-
-
-async def _until(check: Any, within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not await check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.1)
 
 
 def _app(ns: str, tmp_path: Path, bootstrap: str, policy: Retry) -> tuple[App, Any]:
@@ -111,12 +92,19 @@ async def test_the_relay_reports_the_copy_it_holds_and_the_chain_on_status(
             lag = [line for line in text.splitlines() if line.startswith(retry_lag)]
             return held and bool(lag) and float(lag[0].split()[-1]) >= 1  # copy + marker
 
-        await _until(waiting, 20, "the relay holds the retry copy (held 1, lag >= 1)")
+        def moved() -> tuple[object, ...]:  # the handler's tries, the relay's gauges
+            text = worker.metrics.render().decode().splitlines()
+            relay = [line for line in text if line.startswith("streamapp_relay")]
+            return attempts.total(), tuple(relay)
+
+        await until(
+            waiting, what="the relay holding the retry copy (held 1, lag >= 1)", progress=moved
+        )
 
         async def dead() -> bool:
-            return bool(await _read(kafka_bootstrap, f"{topic.name}-dlq"))
+            return bool(await read_topic(kafka_bootstrap, f"{topic.name}-dlq"))
 
-        await _until(dead, 40, f"dead-lettered (attempts {attempts})")
+        await until(dead, what=lambda: f"dead-lettered (attempts {attempts})", progress=moved)
         assert attempts["poison"] == 5  # max_reconsume + 1
         metrics = worker.metrics.render().decode()
         assert 'streamapp_dead_lettered_total{agent="picky"} 1.0' in metrics
@@ -178,11 +166,15 @@ async def test_kill_9_between_the_retry_copy_and_the_commit(
     await wait_ready(first)
     await _send(kafka_bootstrap, f"{ns}rt-in", events)
     assert first.proc is not None
-    await asyncio.to_thread(first.proc.wait, 60)
+    await until(
+        lambda: first.proc is not None and first.proc.poll() is not None,
+        what="the first worker killed at its crash point",
+        progress=first.log_size,
+    )
     assert first.proc.returncode == -9, first.log_text()[-3000:]
-    aborted = await _read(kafka_bootstrap, f"{ns}rt-in-retry", committed=False)
+    aborted = await read_topic(kafka_bootstrap, f"{ns}rt-in-retry", committed=False)
     assert [_h(r)["ce_id"] for r in aborted] == [b"gated"]  # the copy reached the broker
-    assert not await _read(kafka_bootstrap, f"{ns}rt-in-retry")  # ... and was aborted
+    assert not await read_topic(kafka_bootstrap, f"{ns}rt-in-retry")  # ... and was aborted
 
     second = WorkerProc(
         kafka_bootstrap, ns, tmp_path / "d", tmp_path / "w2.log", app_ref=RETRY_APP, extra_env=env
@@ -191,9 +183,13 @@ async def test_kill_9_between_the_retry_copy_and_the_commit(
         await wait_ready(second)
 
         async def copied() -> bool:
-            return bool(await _read(kafka_bootstrap, f"{ns}rt-in-retry"))
+            return bool(await read_topic(kafka_bootstrap, f"{ns}rt-in-retry"))
 
-        await _until(copied, 30, "the record came again and was copied once more")
+        await until(
+            copied,
+            what="the record came again and was copied once more",
+            progress=lambda: worker_progress([second]),
+        )
         gate.unlink()  # the next round trip succeeds
         expected = {f"s{i}": 5 for i in range(4)} | {"g": 100}
 
@@ -201,7 +197,9 @@ async def test_kill_9_between_the_retry_copy_and_the_commit(
             table = await read_table([second], "sums", list(expected))
             return table == expected
 
-        await _until(done, 30, "every event applied once")
+        await until(
+            done, what="every event applied once", progress=lambda: worker_progress([second])
+        )
 
         async def at_rest() -> bool:  # nothing left that could apply an event again
             status = await second.status()
@@ -213,17 +211,17 @@ async def test_kill_9_between_the_retry_copy_and_the_commit(
                 and await lag(kafka_bootstrap, f"{ns}rt", f"{ns}rt-in") == 0
             )
 
-        await _until(
+        await until(
             at_rest,
-            30,
-            "the worker at rest: its relay holds no retry copy and is not behind, and "
+            progress=lambda: worker_progress([second]),
+            what="the worker at rest: its relay holds no retry copy and is not behind, and "
             f"group {ns}rt committed every record of {ns}rt-in",
         )
         assert await read_table([second], "sums", list(expected)) == expected
-        copies = await _read(kafka_bootstrap, f"{ns}rt-in-retry")
+        copies = await read_topic(kafka_bootstrap, f"{ns}rt-in-retry")
         # 2: the aborted copy left no trace (one or more round trips, as the gate opened).
         assert [_h(c)["x-reconsume"] for c in copies][:1] == [b"2"]
         assert {_h(c)["ce_id"] for c in copies} == {b"gated"}
-        assert not await _read(kafka_bootstrap, f"{ns}rt-in-dlq")
+        assert not await read_topic(kafka_bootstrap, f"{ns}rt-in-dlq")
     finally:
         assert second.stop() == 0, second.log_text()[-3000:]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import aio_pika
@@ -10,6 +9,8 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from tests.support.waits import until
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +41,13 @@ async def test_kafka_round_trip_with_acks_all_and_idempotence(kafka_bootstrap: s
     await consumer.start()
     try:
         got: list[bytes] = []
-        async with asyncio.timeout(30):
-            while len(got) < 5:
-                batch = await consumer.getmany(timeout_ms=500)
-                got += [r.value for recs in batch.values() for r in recs if r.value]
+
+        async def five() -> bool:
+            batch = await consumer.getmany(timeout_ms=500)
+            got.extend(r.value for recs in batch.values() for r in recs if r.value)
+            return len(got) >= 5
+
+        await until(five, what=f"5 records read from {topic}", progress=lambda: len(got), poll_s=0)
     finally:
         await consumer.stop()
     assert got == [f"v{i}".encode() for i in range(5)]

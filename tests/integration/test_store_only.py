@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ from .harness import (
     append_to_store,
     free_port,
     order_events,
-    read_table,
     streamapp_cmd,
+    wait_exact,
     wait_ready,
     wait_statuses,
 )
@@ -45,22 +44,6 @@ def _worker(tmp: Path, url: str, **env: str) -> WorkerProc:
     )
 
 
-async def _wait_exact(worker: WorkerProc, expected: dict[str, tuple[int, str]]) -> None:
-    deadline = time.monotonic() + 60
-    wrong: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        table = await read_table([worker], "order_status", list(expected))
-        wrong = {
-            k: table.get(k)
-            for k, exp in expected.items()
-            if table.get(k) is None or (table[k]["version"], table[k]["status"]) != exp
-        }
-        if not wrong:
-            return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"{len(wrong)} orders not exact, e.g. {list(wrong.items())[:3]}")
-
-
 async def test_appended_events_reach_the_view_while_the_worker_runs(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'events.db'}"
     events, expected = order_events(n_orders=300, n_events=6_000)
@@ -69,7 +52,7 @@ async def test_appended_events_reach_the_view_while_the_worker_runs(tmp_path: Pa
     try:
         await wait_ready(worker)
         await append_to_store(url, events[3_000:])  # while the worker runs
-        await _wait_exact(worker, expected)
+        await wait_exact([worker], expected)
         status = await worker.status()
         assert status is not None
         assert len(status["partitions"]) == 8  # one worker owns every partition
@@ -97,7 +80,7 @@ async def test_kill_9_and_restart_keeps_the_table_exact(tmp_path: Path) -> None:
         worker = _worker(tmp_path, url).start()
         await appending
         await wait_ready(worker)
-        await _wait_exact(worker, expected)
+        await wait_exact([worker], expected)
         status = await worker.status()
         assert status is not None
         # the restart resumed from its checkpoints, not from the start of the store
@@ -151,7 +134,7 @@ async def test_the_cli_finds_the_worker_on_postgresql_and_lists_offline_once_it_
         )
         try:
             await wait_ready(worker)
-            await _wait_exact(worker, expected)
+            await wait_exact([worker], expected)
             listed = _cli(env, "tables", "-A", "agents.orders:app")
             assert listed.returncode == 0, listed.stderr
             assert listed.stdout.splitlines() == ["order_status v1 active 8/8"]

@@ -16,17 +16,15 @@ from pathlib import Path
 from streamapp import Event, FromEventStore, Table, TableView
 from streamapp.agent import Agent
 from streamapp.catchup import StoreFeed
-from streamapp.codecs import kafka as codec
-from streamapp.engine.factory import TaskFactory
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
-from streamapp.engine.task_config import TaskConfig
 from streamapp.eventstore import Append, open_store
-from streamapp.records import Delivery
 from streamapp.tables.partition import spaces_for
 from streamapp.tables.store import MemoryStore
 from streamapp.topics import TopicSpec
 from tests.support.doubles import MemoryPort, RecordingTransaction
+from tests.support.tasks import feed_factory, until_live
+from tests.support.waits import until
 
 TABLE: Table[int] = Table("t")
 
@@ -50,15 +48,7 @@ async def test_appends_racing_the_handover_never_reach_a_live_partition(tmp_path
     memory = MemoryStore(spaces_for([TABLE]))
     changelog, port = RecordingTransaction(commit_s=0.002), MemoryPort()
 
-    async def park(delivery: Delivery, reason: str) -> bool:
-        return False
-
-    task = TaskFactory(
-        config=TaskConfig(redeliver_pause_s=0.0),
-        decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=lambda agent, name: park,
-        history=feed,
-    ).create(
+    task = feed_factory(feed).create(
         agent,
         0,
         port,
@@ -70,12 +60,21 @@ async def test_appends_racing_the_handover_never_reach_a_live_partition(tmp_path
     feed.start()
     task.start()
     appended = 300
-    for _ in range(400):  # appends race the catch-up and the handover (bounded)
+
+    async def raced() -> bool:  # appends race the catch-up and the handover
+        nonlocal appended
         if task.phase is Phase.LIVE:
-            break
+            return True
         await store.append_many([Append("late", [_ev(f"late{appended}", "late")])])
         appended += 1
-        await asyncio.sleep(0.001)
+        return False
+
+    await until(  # the replay's count, not the appends: those move by themselves
+        raced,
+        what="the task live while appends race it",
+        progress=lambda: (task.phase, task.counts.replayed),
+        poll_s=0.001,
+    )
     for _ in range(20):  # the feed keeps reading meanwhile: it must not feed a live task
         await store.append_many([Append("late", [_ev(f"late{appended}", "late")])])
         appended += 1
@@ -148,19 +147,11 @@ async def test_a_replayed_event_failing_mid_chunk_is_retried_from_it_and_applied
     await store.append_many(appends)
     feed = StoreFeed(store, chunk=100, poll_s=0.01)
 
-    async def park(delivery: Delivery, reason: str) -> bool:
-        return False
-
     def opener(p: int) -> Callable[[Agent, list[str]], RocksStore]:
         return lambda agent, spaces: RocksStore(tmp_path / str(p), spaces)
 
     tasks = [
-        TaskFactory(
-            config=TaskConfig(redeliver_pause_s=0.0),
-            decode=lambda d: codec.decode(d.key, d.value, d.headers),
-            park=lambda agent, name: park,
-            history=feed,
-        ).create(
+        feed_factory(feed).create(
             agent,
             p,
             MemoryPort(),
@@ -173,10 +164,7 @@ async def test_a_replayed_event_failing_mid_chunk_is_retried_from_it_and_applied
     for task in tasks:
         task.start()
     try:
-        for _ in range(500):
-            if all(t.phase is Phase.LIVE for t in tasks):
-                break
-            await asyncio.sleep(0.01)
+        await until_live(tasks)
         assert all(t.phase is Phase.LIVE for t in tasks)
         assert fails["left"] == 0
         assert sorted(handled) == sorted([f"e{i}" for i in range(400)] + ["e150"] * 2)
@@ -232,15 +220,7 @@ async def test_replay_parts_cut_by_the_budget_and_chunk_edges_apply_every_event_
     feed = StoreFeed(store, chunk=7, poll_s=0.01)
     changelog = RecordingTransaction()
 
-    async def park(delivery: Delivery, reason: str) -> bool:
-        return False
-
-    task = TaskFactory(
-        config=TaskConfig(redeliver_pause_s=0.0, batch_budget_s=0.0),
-        decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=lambda agent, name: park,
-        history=feed,
-    ).create(
+    task = feed_factory(feed, batch_budget_s=0.0).create(
         agent,
         0,
         MemoryPort(),
@@ -251,10 +231,7 @@ async def test_replay_parts_cut_by_the_budget_and_chunk_edges_apply_every_event_
     feed.start()
     task.start()
     try:
-        for _ in range(500):
-            if task.phase is Phase.LIVE:
-                break
-            await asyncio.sleep(0.01)
+        await until_live([task])
         assert task.phase is Phase.LIVE
         assert handled == [f"e{i}" for i in range(60)]
         tables = task.tables

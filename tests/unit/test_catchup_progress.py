@@ -18,6 +18,7 @@ import pytest
 from streamapp import App, Event, FromEventStore, Table, TableView, catchup_progress
 from streamapp.eventstore import Append, open_store
 from streamapp.worker import Worker
+from tests.support.waits import frozen, until
 
 EVENTS = 12_000
 COUNTS: Table[int] = Table("counts")
@@ -129,14 +130,26 @@ async def test_a_poison_event_during_catch_up_is_named_and_retries_count_once(
         try:
             base = f"http://127.0.0.1:{worker.web_port}"
             async with aiohttp.ClientSession() as http:
-                deadline = time.monotonic() + 60
-                while True:
-                    _, body = await _get(http, f"{base}/status")
-                    stuck = [p["stuck_on"] for p in body["partitions"].values() if p["stuck_on"]]
-                    if stuck and stuck[0]["attempts"] >= 3:
-                        break
-                    assert time.monotonic() < deadline, body
-                    await asyncio.sleep(0.2)
+                body: dict[str, Any] = {}
+                stuck: list[dict[str, Any]] = []
+
+                async def tried_thrice() -> bool:
+                    _, answer = await _get(http, f"{base}/status")
+                    body.clear()
+                    body.update(answer)
+                    stuck[:] = [p["stuck_on"] for p in body["partitions"].values() if p["stuck_on"]]
+                    return bool(stuck) and stuck[0]["attempts"] >= 3
+
+                def partitions() -> bytes:  # phases, positions, attempts
+                    return frozen(body.get("partitions"))
+
+                await until(
+                    tried_thrice,
+                    what="the poison event tried three times",
+                    progress=partitions,
+                    poll_s=0.2,
+                    detail=lambda: body,
+                )
                 (record,) = stuck
                 assert {k: record[k] for k in ("position", "stream_id", "version", "type")} == {
                     "position": 1234,
@@ -151,13 +164,21 @@ async def test_a_poison_event_during_catch_up_is_named_and_retries_count_once(
                 (name,) = ready["not_live"]
                 assert ready["stuck_on"][name]["position"] == 1234
                 assert "is stuck on store position 1234" in ready["stuck_on"][name]["message"]
-                while ", stuck" not in caplog.text:  # a progress line while stuck
-                    assert time.monotonic() < deadline, caplog.text[-3000:]
-                    await asyncio.sleep(0.1)
+                await until(  # a progress line while stuck
+                    lambda: ", stuck" in caplog.text,
+                    what="a progress line saying stuck",
+                    progress=lambda: (len(caplog.records), partitions()),
+                    detail=lambda: caplog.text[-3000:],
+                )
                 failing[0] = False  # fixed: the next attempt goes through
-                while (await _get(http, f"{base}/readyz"))[0] != 200:
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.2)
+
+                async def ready() -> bool:
+                    _, answer = await _get(http, f"{base}/status")
+                    body.clear()
+                    body.update(answer)
+                    return (await _get(http, f"{base}/readyz"))[0] == 200
+
+                await until(ready, what="ready once fixed", progress=partitions, poll_s=0.2)
                 _, body = await _get(http, f"{base}/status")
                 assert all(p["stuck_on"] is None for p in body["partitions"].values())
         finally:

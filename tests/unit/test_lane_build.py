@@ -26,6 +26,7 @@ from streamapp.tables.partition import CHECKPOINT_KEY, META, spaces_for
 from streamapp.tables.store import MemoryStore
 from streamapp.topics import TopicSpec
 from tests.support.doubles import MemoryPort
+from tests.support.tasks import feed_factory, until_live
 from tests.support.waits import until
 
 V1: Table[int] = Table("counts")
@@ -59,23 +60,14 @@ async def test_a_new_version_builds_while_the_live_lane_settles(tmp_path: Path) 
     feed = StoreFeed(store, poll_s=0.01)
     port = MemoryPort()
 
-    async def park(delivery: Delivery, reason: str) -> bool:
-        return False
-
-    task = TaskFactory(
-        config=TaskConfig(redeliver_pause_s=0.0),
-        decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=lambda agent, name: park,
-        history=feed,
-    ).create([one, two], 0, port, name="orders[0]", open_store=lambda a, s: stores[a.name])
+    task = feed_factory(feed).create(
+        [one, two], 0, port, name="orders[0]", open_store=lambda a, s: stores[a.name]
+    )
     lane1, lane2 = task.lanes
     feed.start()
     task.start()
     try:
-        for _ in range(500):
-            if task.phase is Phase.LIVE:
-                break
-            await asyncio.sleep(0.01)
+        await until_live([task])
         assert (task.phase, lane1.phase, lane2.phase) == (
             Phase.LIVE,
             Phase.LIVE,
@@ -94,19 +86,23 @@ async def test_a_new_version_builds_while_the_live_lane_settles(tmp_path: Path) 
             port.records.append(DeliveryRecord("orders", 0, offset, key, value, headers))
         await _accepting(task)
         task.feed(port.pending())
-        for _ in range(500):
-            if task.next_position == 30 and not task.busy:
-                break
-            await asyncio.sleep(0.005)
+        await until(
+            lambda: task.next_position == 30 and not task.busy,
+            what="the live batch settled",
+            progress=lambda: task.next_position,
+            poll_s=0.005,
+        )
         assert lane2.phase is Phase.CATCHING_UP, "the build ended before the live batch"
         assert port.settled[-1][0] == 30  # settled by the live lane alone
         assert lane1.tables is not None
         assert sum(v for _, v in lane1.tables.views[0].items()) == 230
 
-        for _ in range(1000):
-            if _phase(lane2) is Phase.LIVE:
-                break
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: _phase(lane2) is Phase.LIVE,
+            what="v2's lane live",
+            progress=lambda: (_phase(lane2), lane2.history_position()),
+            poll_s=0.01,
+        )
         assert _phase(lane2) is Phase.LIVE
         # joined where the live lanes stood before its last read (rewound there if below)
         assert lane2.next is not None
@@ -114,10 +110,12 @@ async def test_a_new_version_builds_while_the_live_lane_settles(tmp_path: Path) 
         assert lane2.next == 30 or port.rewound[-1] == lane2.next
         await _accepting(task)
         task.feed(port.pending())  # what the rewind gives again: v1 skips it
-        for _ in range(500):
-            if not task.busy and lane2.next == 30:
-                break
-            await asyncio.sleep(0.005)
+        await until(
+            lambda: not task.busy and lane2.next == 30,
+            what="the rewound records settled",
+            progress=lambda: lane2.next,
+            poll_s=0.005,
+        )
         assert lane2.tables is not None
         assert dict(lane2.tables.views[0].items()) == {f"s{k}": 46 for k in range(5)}
         assert dict(lane1.tables.views[0].items()) == {f"s{k}": 46 for k in range(5)}
@@ -163,15 +161,10 @@ async def test_a_share_cut_above_a_lanes_position_leaves_that_lane_where_it_stan
         cp = Checkpoint(live=0, history=at, caught_up=True, partitions=1, tables=(label,))
         stores[name].write({META: {CHECKPOINT_KEY: cp.encode()}})
 
-    async def park(delivery: Delivery, reason: str) -> bool:
-        return False
-
-    task = TaskFactory(
-        config=TaskConfig(redeliver_pause_s=0.0),
-        decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=lambda agent, name: park,
-        history=StoreFeed(store),  # not started: the test hands the share itself
-    ).create([one, two], 0, MemoryPort(), name="orders[0]", open_store=lambda a, s: stores[a.name])
+    feed = StoreFeed(store)  # not started: the test hands the share itself
+    task = feed_factory(feed).create(
+        [one, two], 0, MemoryPort(), name="orders[0]", open_store=lambda a, s: stores[a.name]
+    )
     lane1, lane2 = task.lanes
     task.start()
     try:

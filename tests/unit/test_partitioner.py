@@ -7,8 +7,6 @@ confluent-kafka producer in ``tests/integration/test_librdkafka_partitioner.py``
 
 from __future__ import annotations
 
-import asyncio
-import time
 import zlib
 from pathlib import Path
 
@@ -17,19 +15,15 @@ import pytest
 from streamapp import App, Event, FromEventStore, Outcome, Park, Table, TableView
 from streamapp.agent import Agent
 from streamapp.catchup import StoreFeed
-from streamapp.codecs import kafka as codec
-from streamapp.engine.factory import TaskFactory
-from streamapp.engine.phase import Phase
-from streamapp.engine.task_config import TaskConfig
 from streamapp.errors import ConfigError, ForeignKeyError
 from streamapp.eventstore import Append, open_store
 from streamapp.memory import MemoryBroker
 from streamapp.partitioner import Partitioner, partition_for
-from streamapp.records import Delivery
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
 from streamapp.topics import TopicSpec
 from tests.support.doubles import MemoryPort
+from tests.support.tasks import feed_factory, until_live
 
 KEYS = [f"acct-{i}" for i in range(400)]
 
@@ -188,17 +182,8 @@ async def test_the_event_store_replay_hands_each_partition_the_streams_crc32_put
                for s in streams]  # fmt: skip
     await store.append_many(appends)
     feed = StoreFeed(store, chunk=25, poll_s=0.01)
-
-    async def park(delivery: Delivery, reason: str) -> bool:
-        return False
-
     tasks = [
-        TaskFactory(
-            config=TaskConfig(redeliver_pause_s=0.0),
-            decode=lambda d: codec.decode(d.key, d.value, d.headers),
-            park=lambda agent, name: park,
-            history=feed,
-        ).create(
+        feed_factory(feed).create(
             agent,
             p,
             MemoryPort(),
@@ -211,13 +196,7 @@ async def test_the_event_store_replay_hands_each_partition_the_streams_crc32_put
     for task in tasks:
         task.start()
     try:
-        moved, still = -1, time.monotonic()
-        while not all(t.phase is Phase.LIVE for t in tasks):
-            done = sum(t.counts.replayed for t in tasks)
-            if done != moved:
-                moved, still = done, time.monotonic()
-            assert time.monotonic() - still < 10, f"the replay stuck at {done} events"
-            await asyncio.sleep(0.01)
+        await until_live(tasks)
         for task in tasks:
             assert task.tables is not None
             mine = {s for s in streams if topic.partition_of(s.encode()) == task.partition}

@@ -16,20 +16,17 @@ import pytest
 from streamapp import Event, FromEventStore, Table, TableView
 from streamapp.agent import Agent
 from streamapp.catchup import StoreFeed
-from streamapp.codecs import kafka as codec
-from streamapp.engine.factory import TaskFactory
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
-from streamapp.engine.task_config import TaskConfig
 from streamapp.errors import APP_REF, StateMismatchError, StoreFormatError
 from streamapp.eventstore import Append, open_store
 from streamapp.eventstore.base import display_url
-from streamapp.records import Delivery
 from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import CHECKPOINT_KEY, META, spaces_for
 from streamapp.tables.store import MemoryStore, RocksStore
 from streamapp.topics import TopicSpec
 from tests.support.doubles import MemoryPort
+from tests.support.tasks import feed_factory
 
 TABLE: Table[int] = Table("t")
 
@@ -99,15 +96,7 @@ def test_spaces_an_open_made_and_nothing_wrote_are_gone_after_close(tmp_path: Pa
 
 
 def _task(agent: Agent, memory: MemoryStore, feed: StoreFeed) -> PartitionTask:
-    async def park(delivery: Delivery, reason: str) -> bool:
-        return False
-
-    return TaskFactory(
-        config=TaskConfig(redeliver_pause_s=0.0),
-        decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=lambda agent, name: park,
-        history=feed,
-    ).create(
+    return feed_factory(feed).create(
         agent,
         0,
         MemoryPort(),

@@ -13,10 +13,10 @@ from typing import Any
 
 from streamapp import App, Event
 from streamapp.memory import MemoryBroker
+from tests.unit.test_docs import PAGES, PYTHON, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCKS = [b for p in PAGES for b in re.findall(r"```python\n(.*?)```", p.read_text(), re.S)]
+BLOCKS = [b.code for b in PYTHON]
+"""The docs' python blocks, as test_docs.py reads them."""
 
 
 def _block(needle: str) -> str:

@@ -13,16 +13,11 @@ import pytest
 from streamapp import App, Event, FromEventStore, Table, TableView
 from streamapp.eventstore import open_store
 from streamapp.worker import Worker
+from tests.support.waits import until
 
 
 def _messages(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
-
-
-async def _until(check: object, what: str, within_s: float = 20.0) -> None:
-    async with asyncio.timeout(within_s):
-        while not check():  # type: ignore[operator]  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
 
 
 async def test_one_summary_line_and_event_store_only_wording(
@@ -42,7 +37,11 @@ async def test_one_summary_line_and_event_store_only_wording(
     worker = Worker(app, settings)
     await worker.start()
     try:
-        await _until(lambda: any("owns" in m for m in _messages(caplog)), "the summary")
+        await until(
+            lambda: any("owns" in m for m in _messages(caplog)),
+            what="the summary logged",
+            progress=lambda: len(caplog.records),
+        )
         await asyncio.sleep(0.5)  # a second summary would come within a few polls
     finally:
         await worker.stop()
@@ -101,7 +100,11 @@ async def test_close_line_names_where_the_partition_resumes(
     first_app = make(block_at=250)
     first = Worker(first_app, settings(first_app))  # type: ignore[arg-type]
     await first.start()
-    await _until(lambda: 249 in seen, "the replay reaching the blocked event")
+    await until(
+        lambda: 249 in seen,
+        what="the replay reaching the blocked event",
+        progress=lambda: len(seen),
+    )
     await first.stop()
     (closed,) = [m for m in _messages(caplog) if m.startswith("closed in[0]")]
     assert "(catch-up)" in closed, closed
@@ -112,7 +115,7 @@ async def test_close_line_names_where_the_partition_resumes(
     second = Worker(second_app, settings(second_app))  # type: ignore[arg-type]
     await second.start()
     try:
-        await _until(lambda: 400 in seen, "the replay finishing")
+        await until(lambda: 400 in seen, what="the replay finishing", progress=lambda: len(seen))
     finally:
         await second.stop()
     assert seen[0] == resumes_at, (closed, seen[:3])
