@@ -172,9 +172,9 @@ async def test_a_hold_is_its_lane_s_alone_when_two_agents_share_a_topic() -> Non
     assert broker.held("count") == {}
 
 
-async def test_a_replay_releases_the_held_stream_in_order_and_the_table_is_exact() -> None:
-    """The handler is fixed, the parked records go back: b's held events are applied in
-    order, b is released, and the table equals one built from scratch."""
+def _fixable_bank() -> tuple[dict[str, bool], MemoryBroker]:
+    """A bank whose poison events fail until ``fixed["fixed"]`` is set; the fold doubles
+    the balance before each amount, so the order of a stream's events shows."""
     fixed: dict[str, bool] = {"fixed": False}
     app = App("bank")
     balances: Table[int] = Table("balances")
@@ -187,7 +187,13 @@ async def test_a_replay_releases_the_held_stream_in_order_and_the_table_is_exact
         sid = event.stream_id or ""
         balance[sid] = balance.get(sid, 0) * 2 + int(event.data["amount"])  # order matters
 
-    broker = MemoryBroker(app)
+    return fixed, MemoryBroker(app)
+
+
+async def test_a_replay_releases_the_held_stream_in_order_and_the_table_is_exact() -> None:
+    """The handler is fixed, the parked records go back: b's held events are applied in
+    order, b is released, and the table equals one built from scratch."""
+    fixed, broker = _fixable_bank()
     for version in (1, 2, 3, 4):
         for stream in ("a", "b"):
             _send(broker, stream, version, version, poison=(stream, version) == ("b", 2))
@@ -205,19 +211,7 @@ async def test_a_held_stream_whose_versions_have_gaps_is_released_in_full() -> N
     """The topic carries some of b's events only (versions 1, 3, 5, 8: the others go to
     another topic): b fails at 3, 5 and 8 wait behind it, and a release applies all three
     in order (a release that waited for version 4 would hold b for good)."""
-    fixed: dict[str, bool] = {"fixed": False}
-    app = App("bank")
-    balances: Table[int] = Table("balances")
-
-    @app.agent(app.topic("tx", partitions=1), tables=[balances],
-               on_failure=Park("parked", hold="stream"))  # fmt: skip
-    async def apply(event: Event, balance: TableView[int]) -> None:
-        if event.data.get("poison") and not fixed["fixed"]:
-            raise ValueError("not yet")
-        sid = event.stream_id or ""
-        balance[sid] = balance.get(sid, 0) * 2 + int(event.data["amount"])  # order matters
-
-    broker = MemoryBroker(app)
+    fixed, broker = _fixable_bank()
     for version in (1, 3, 5, 8):
         _send(broker, "b", version, version, poison=version == 3)
     await broker.process()

@@ -15,12 +15,11 @@ from streamapp import Event, FromEventStore, Table, TableView
 from streamapp.agent import Agent
 from streamapp.catchup import StoreFeed
 from streamapp.codecs import kafka as codec
-from streamapp.engine.factory import TaskFactory
 from streamapp.engine.phase import Phase
-from streamapp.engine.task_config import TaskConfig
 from streamapp.errors import PhaseTransitionError
 from streamapp.eventstore import Append, open_store
-from streamapp.records import Delivery, DeliveryRecord
+from streamapp.eventstore.base import EventStoreBackend
+from streamapp.records import DeliveryRecord
 from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import CHECKPOINT_KEY, META, spaces_for
 from streamapp.tables.store import MemoryStore
@@ -140,13 +139,11 @@ async def _accepting(task: Any) -> None:
     raise AssertionError(f"{task.name} never took deliveries: {task.phase}")
 
 
-async def test_a_share_cut_above_a_lanes_position_leaves_that_lane_where_it_stands(
+async def _v2_behind_v1(
     tmp_path: Path,
-) -> None:
-    """The store's followers apply a share cut at the position they stood at; a build
-    that joined them meanwhile (below it) must not be moved past events it never had."""
-    from streamapp.engine.stored import Share
-
+) -> tuple[EventStoreBackend, Agent, Agent, dict[str, MemoryStore]]:
+    """300 events in a SQLite store over 5 streams; v1 and v2 of one count, v1 applied up
+    to store position 200 and v2 up to 100 (both caught up): a build behind the live lane."""
     store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
     await store.append_many([Append(f"s{i % 5}", [_event(i)]) for i in range(300)])
 
@@ -160,6 +157,17 @@ async def test_a_share_cut_above_a_lanes_position_leaves_that_lane_where_it_stan
     for name, at, label in (("v1", 201, "counts"), ("v2", 101, V2.label)):  # v2 behind
         cp = Checkpoint(live=0, history=at, caught_up=True, partitions=1, tables=(label,))
         stores[name].write({META: {CHECKPOINT_KEY: cp.encode()}})
+    return store, one, two, stores
+
+
+async def test_a_share_cut_above_a_lanes_position_leaves_that_lane_where_it_stands(
+    tmp_path: Path,
+) -> None:
+    """The store's followers apply a share cut at the position they stood at; a build
+    that joined them meanwhile (below it) must not be moved past events it never had."""
+    from streamapp.engine.stored import Share
+
+    store, one, two, stores = await _v2_behind_v1(tmp_path)
 
     feed = StoreFeed(store)  # not started: the test hands the share itself
     task = feed_factory(feed).create(
@@ -210,31 +218,13 @@ async def test_a_build_joining_the_followers_during_their_read_gets_every_event(
     flight. The feed must not cut the follower's share from the read's start with the
     joined lane's position as its start: v2 would be moved to 301 without events
     101-200 (a v2 that ends keys events short, seen in test_table_versions_embedded)."""
-    store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
-    await store.append_many([Append(f"s{i % 5}", [_event(i)]) for i in range(300)])
-
-    async def fold(event: Event, counts: TableView[int]) -> None:
-        sid = event.stream_id or ""
-        counts[sid] = counts.get(sid, 0) + 1
-
-    one = Agent("v1", fold, TOPIC, (V1,), history=FromEventStore())
-    two = Agent("v2", fold, TOPIC, (V2,), history=FromEventStore())
-    stores = {"v1": MemoryStore(spaces_for([V1])), "v2": MemoryStore(spaces_for([V2]))}
-    for name, at, label in (("v1", 201, "counts"), ("v2", 101, V2.label)):  # v2 behind
-        cp = Checkpoint(live=0, history=at, caught_up=True, partitions=1, tables=(label,))
-        stores[name].write({META: {CHECKPOINT_KEY: cp.encode()}})
+    store, one, two, stores = await _v2_behind_v1(tmp_path)
     held = HeldReads(store, 201)
     feed = StoreFeed(held, poll_s=0.01)
 
-    async def park(delivery: Delivery, reason: str) -> bool:
-        return False
-
-    task = TaskFactory(
-        config=TaskConfig(redeliver_pause_s=0.0),
-        decode=lambda d: codec.decode(d.key, d.value, d.headers),
-        park=lambda agent, name: park,
-        history=feed,
-    ).create([one, two], 0, MemoryPort(), name="orders[0]", open_store=lambda a, s: stores[a.name])
+    task = feed_factory(feed).create(
+        [one, two], 0, MemoryPort(), name="orders[0]", open_store=lambda a, s: stores[a.name]
+    )
     lane1, lane2 = task.lanes
     feed.start()
     task.start()
