@@ -36,7 +36,7 @@ from agents.orders import project_order_status  # noqa: E402
 from streamapp import App, Event, Park  # noqa: E402
 from streamapp.codecs import kafka as codec  # noqa: E402
 from streamapp.engine.phase import Phase  # noqa: E402
-from streamapp.kafka.topology import create_topics  # noqa: E402
+from streamapp.transports.kafka.topology import create_topics  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 

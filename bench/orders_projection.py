@@ -49,8 +49,8 @@ from rivals import check  # noqa: E402  (bench/: the one per-order check of ever
 from agents.orders import project_order_status  # noqa: E402
 from streamapp import App, Event, EventTypes, Park, TableView  # noqa: E402
 from streamapp.codecs import kafka as codec  # noqa: E402
-from streamapp.kafka.topology import create_topics  # noqa: E402
-from streamapp.loop import run as run_loop  # noqa: E402
+from streamapp.settings.event_loop import run as run_loop  # noqa: E402
+from streamapp.transports.kafka.topology import create_topics  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 
@@ -175,7 +175,7 @@ def apply_fetch(fetch: dict[str, int]) -> None:
     only (``max_records`` becomes ``max_poll_records``, which bounds its ``getmany``)."""
     if not fetch:
         return
-    import streamapp.kafka.source as source
+    import streamapp.transports.kafka.source as source
 
     base = source.AIOKafkaConsumer
     given = {("max_poll_records" if k == "max_records" else k): v for k, v in fetch.items()}
@@ -527,5 +527,5 @@ async def main() -> None:
 
 if __name__ == "__main__":
     # ``--one streamapp-uvloop``: the run's loop is uvloop, as setting event_loop="uvloop"
-    # makes ``streamapp worker``'s (streamapp.loop)
+    # makes ``streamapp worker``'s (streamapp.settings.event_loop)
     run_loop(main(), "uvloop" if "streamapp-uvloop" in sys.argv else "asyncio")

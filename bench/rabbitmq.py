@@ -48,12 +48,12 @@ from rivals import check  # noqa: E402  (bench/: the one per-order check of ever
 from agents.orders import ORDER_EVENTS, project_order_status  # noqa: E402
 from streamapp import App, Event, FromEventStore, Park  # noqa: E402
 from streamapp.codecs import amqp as codec  # noqa: E402
-from streamapp.partitioner import partition_for  # noqa: E402
-from streamapp.rabbitmq.members import members_exchange  # noqa: E402
-from streamapp.rabbitmq.sink import RabbitSink  # noqa: E402
-from streamapp.rabbitmq.topology import create_topology, queue_name  # noqa: E402
-from streamapp.rabbitmq.wire import to_message  # noqa: E402
 from streamapp.records import Message  # noqa: E402
+from streamapp.topics import partition_for  # noqa: E402
+from streamapp.transports.rabbitmq.members import members_exchange  # noqa: E402
+from streamapp.transports.rabbitmq.sink import RabbitSink  # noqa: E402
+from streamapp.transports.rabbitmq.topology import create_topology, queue_name  # noqa: E402
+from streamapp.transports.rabbitmq.wire import to_message  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 

@@ -34,7 +34,7 @@ from orders_projection import produce  # noqa: E402
 from agents.orders import project_order_status  # noqa: E402
 from streamapp import App, Park  # noqa: E402
 from streamapp.engine.phase import Phase  # noqa: E402
-from streamapp.kafka.topology import create_topics  # noqa: E402
+from streamapp.transports.kafka.topology import create_topics  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 from tables.orders import order_status  # noqa: E402
 

@@ -308,7 +308,7 @@ def soak_store(args: argparse.Namespace) -> dict[str, Any]:
 
     memory: Any = None
     if args.memory_limit_mb:
-        from streamapp.tables.memory import rocks_memory
+        from streamapp.tables.rocksdb.cache import rocks_memory
 
         memory = rocks_memory(args.memory_limit_mb)
     work = Path(tempfile.mkdtemp(prefix="streamapp-soak-store-"))

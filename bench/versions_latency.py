@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from streamapp import App, Event, FromEventStore, Table, TableView  # noqa: E402
 from streamapp.engine.phase import Phase  # noqa: E402
 from streamapp.eventstore import Append, open_store  # noqa: E402
-from streamapp.kafka.topology import create_topics  # noqa: E402
+from streamapp.transports.kafka.topology import create_topics  # noqa: E402
 from streamapp.worker import Worker  # noqa: E402
 
 PARTITIONS = 8

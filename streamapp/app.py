@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .agent import Agent, Handler, refuse_stream_handler
-from .binding import bind_tables
+from .agents.agent import Agent, Handler, refuse_stream_handler
+from .agents.binding import bind_tables
+from .agents.group_by import check_key_function, forwarder_name, forwarding_handler
+from .agents.history import History
+from .agents.typed import EventTypes
 from .errors import ConfigError
 from .events import Event
-from .history import History
-from .outcomes import FailurePolicy, Redeliver, Retry, parking
-from .partitioner import partitioner_of
-from .repartition import check_key_function, forwarder_name, forwarding_handler
-from .settings import Settings, check_setting_names
+from .failures.outcomes import FailurePolicy, Redeliver, Retry, parking
+from .settings.settings import Settings, check_setting_names
 from .tables.table import Table
 from .topics import (
     GroupBy,
@@ -28,10 +28,10 @@ from .topics import (
     changelog_topic,
     delay_topic,
     members_topic,
+    partitioner_of,
     repartition_topic,
     topic_format,
 )
-from .typed import EventTypes
 
 
 class App:
@@ -75,7 +75,7 @@ class App:
         (Kafka's default: the Java client, Quix Streams, kafkajs, streamapp itself) or
         ``"crc32"`` (librdkafka's default: confluent-kafka, kcat, librdkafka clients in
         Go, C, .NET, Node). The table write check, view routing, the event-store replay
-        and the sinks place the topic's keys by it (:mod:`streamapp.partitioner`)."""
+        and the sinks place the topic's keys by it (:mod:`streamapp.topics`)."""
         spec = TopicSpec(
             name,
             partitions,
@@ -135,7 +135,7 @@ class App:
         ``{app}-{name}-repartition`` (``group_by_partitions``, default: ``topic``'s
         count), which the agent consumes; its tables are keyed by the new key. A key
         function that raises or returns no non-empty ``str`` fails the event under
-        ``on_failure`` (see :mod:`streamapp.repartition`).
+        ``on_failure`` (see :mod:`streamapp.agents.group_by`).
 
         ``blocking=True`` runs the handler in a thread of its partition, off the event
         loop: a plain ``def`` handler (or an ``async def`` one that blocks), for CPU-heavy

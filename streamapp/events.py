@@ -14,7 +14,7 @@ from typing import Any, Generic
 
 from typing_extensions import TypeVar
 
-from .reserved import refuse_extensions
+from .records import refuse_extensions
 
 SPECVERSION = "1.0"
 REQUIRED = ("id", "source", "type", "specversion")
@@ -24,7 +24,7 @@ CORE = frozenset(REQUIRED + OPTIONAL)
 
 D = TypeVar("D", default=Any)
 """What an event's ``data`` is: ``Any`` (decoded JSON, bytes or None) unless the agent
-declares models for its types (:class:`streamapp.typed.EventTypes`): then
+declares models for its types (:class:`streamapp.agents.typed.EventTypes`): then
 ``Event[OrderPlaced | OrderPaid]``."""
 
 
@@ -72,7 +72,7 @@ class Event(Generic[D]):
         """A new event on stream ``stream_id`` with JSON ``data`` and a fresh id.
 
         Raises ReservedNameError (a ValueError) for an extension whose name is reserved
-        (:mod:`streamapp.reserved`: ``ce_``, ``cloudEvents_``, the chain's ``x-`` names,
+        (:mod:`streamapp.records`: ``ce_``, ``cloudEvents_``, the chain's ``x-`` names,
         ``streamapp-``)."""
         ext = dict(extensions or {})
         if ext:

@@ -6,11 +6,23 @@ on SIGTERM or SIGINT finish batches in hand, flush tables, commit, leave the gro
 exit within ``shutdown_timeout_s``. The worker builds its parts with the transport of
 setting broker (``transports[settings.broker]``) and asks its capabilities; everything
 else sees a :class:`LiveSource`.
+
+Python's cyclic garbage collector, tuned for a worker (setting ``gc_threshold``).
+
+A worker keeps thousands of records alive across awaits (a batch in hand, the next one
+fetched ahead), so with Python's default first-generation threshold (700 allocations)
+they survive young collections, are promoted, and fill the oldest generation, whose
+full collections then walk every object of the process: measured on the orders
+projection, 0.9 s of 3.1 s of CPU over 200,000 events went to the collector. A first
+generation of 50,000 lets a batch's objects die young (0.26 s). Reference counting frees
+everything acyclic at once either way; the threshold only decides how often cycles are
+looked for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -21,8 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from .app import App
-from .catchup import StoreFeed
-from .engine.collector import tune_collector
+from .catchup.feed import StoreFeed
 from .engine.interfaces import LiveSource, Sink
 from .engine.served import LATCH_FILE, DurableLatch
 from .engine.stall import watch_loop
@@ -30,11 +41,11 @@ from .engine.summary import summarize_partitions
 from .errors import BrokerUnavailableError, ConfigError, ShutdownTimeoutError, StateMismatchError
 from .eventstore import open_store
 from .eventstore.base import EventStoreBackend, display_url
-from .retirement import RetirementWatch
-from .settings import Settings
-from .tables.memory import rocks_memory
+from .settings.settings import Settings
+from .tables.rocksdb.cache import rocks_memory
 from .topics import relayed
-from .transport import MembersDirectory, Relay, WorkerContext, refuse_unsupported, transports
+from .transports.base import MembersDirectory, Relay, WorkerContext, refuse_unsupported, transports
+from .versions.ledger import RetirementWatch
 from .web.metrics import WorkerMetrics
 from .web.views import make_app
 
@@ -82,7 +93,7 @@ class Worker:
     def needs_store(self) -> bool:
         """The store is read: an agent has a history, or it is the only source."""
         agents = self.app.agents.values()
-        return self.transport.capabilities.store_only or any(a.history for a in agents)
+        return self.transport.capabilities.embedded or any(a.history for a in agents)
 
     @property
     def _context(self) -> WorkerContext:
@@ -115,7 +126,7 @@ class Worker:
         return self.transport.open_source(self._context, self.sink, self.feed, self.store)
 
     async def _watch_retirements(self) -> RetirementWatch | None:
-        """Follow the ledger of retired table versions (:mod:`streamapp.retirement`):
+        """Follow the ledger of retired table versions (:mod:`streamapp.versions.ledger`):
         before any store opens, refuse a retired version in the code and drop retired
         versions' local stores; then drop them as retirements come."""
         if not self.app.tables:
@@ -127,7 +138,7 @@ class Worker:
             return None
         changelogs = self.transport.capabilities.changelog
         # the one worker of the event store alone says where it serves, for the CLI
-        views = (self.views_url, self.id) if self.transport.capabilities.store_only else None
+        views = (self.views_url, self.id) if self.transport.capabilities.embedded else None
         watch = RetirementWatch(
             self.app, self.settings, self.app_ref, backend, changelogs, views=views
         )
@@ -357,3 +368,18 @@ def _log_stuck(current: asyncio.Task[object] | None) -> None:
         log.warning(
             "still running at the stop timeout: %r in %s", task.get_name(), " > ".join(where)
         )
+
+
+def tune_collector(threshold: int) -> Callable[[], None]:
+    """Set the first generation's threshold to ``threshold`` (0: leave the interpreter's)
+    and return what puts the previous one back (the worker's stop)."""
+    before = gc.get_threshold()
+    if threshold <= 0:
+        return lambda: None
+    gc.set_threshold(threshold, *before[1:])
+
+    def undo() -> None:
+        if gc.get_threshold()[0] == threshold:  # not changed by someone else meanwhile
+            gc.set_threshold(*before)
+
+    return undo

@@ -6,7 +6,7 @@
 from . import (  # noqa: F401 (commands)
     agents,
     forward,
-    replay,
+    parked,
     reset,
     retire,
     store,

@@ -12,16 +12,16 @@ import click
 from .. import logs
 from ..app import App
 from ..errors import ConfigError, StreamappError
-from ..loop import run as run_loop
-from ..transport import transports
+from ..settings.event_loop import run as run_loop
+from ..transports.base import transports
 from .main import app_option, load_app, loglevel_option, main
 
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from ..catchup.forwarder import Encoder, Forwarder
     from ..engine.interfaces import Sink
-    from ..forwarder import Encoder, Forwarder
-    from ..settings import Settings
+    from ..settings.settings import Settings
 
 
 @main.command()
@@ -52,8 +52,8 @@ def forward(
     forwarder of a store runs at a time; another waits and takes over when it dies.
     Its lag, rate, failures and lock are on /metrics and /status (--web-port).
     """
+    from ..catchup.forwarder import Forwarder, forwarded_topics
     from ..eventstore import open_store
-    from ..forwarder import Forwarder, forwarded_topics
 
     app = load_app(app_ref)
     try:

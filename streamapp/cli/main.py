@@ -12,9 +12,9 @@ from types import ModuleType
 
 import click
 
+from .._version import streamapp_version
 from ..app import App
 from ..errors import StreamappError
-from ..version import streamapp_version
 
 
 def load_app(ref: str) -> App:

@@ -113,7 +113,7 @@ def store_read(app_ref: str, from_position: int, limit: int) -> None:
 )
 @click.pass_context
 def store_parked(ctx: click.Context, app_ref: str | None, destinations: tuple[str, ...]) -> None:
-    """Print the deliveries a store-only worker parked, as JSON lines in park order.
+    """Print the deliveries an embedded worker parked, as JSON lines in park order.
 
     Each line: id, destination, parked_at, reason, source (topic/partition/store
     position), outcome, key, value and headers. A bytes field is text when it is UTF-8,

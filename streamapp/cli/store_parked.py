@@ -1,4 +1,4 @@
-"""``streamapp store parked replay``: rows a store-only worker parked
+"""``streamapp store parked replay``: rows an embedded worker parked
 (``STREAMAPP_BROKER=none``) sent back to the agents that parked them.
 
 There is no topic to publish to: a run appends the rows to the store's resend log in one
@@ -18,9 +18,9 @@ from ..app import App
 from ..errors import StreamappError
 from ..eventstore import ParkedRecord, open_store
 from ..eventstore.base import EventStoreBackend
-from ..outcomes import parking
-from ..republish import PARK_AGENT, PARK_SOURCE, parked_source
-from ..transport import transports
+from ..failures.outcomes import parking
+from ..failures.republish import PARK_AGENT, PARK_SOURCE, parked_source
+from ..transports.base import transports
 from .main import app_option, load_app
 
 
@@ -79,12 +79,12 @@ def store_parked_replay(
     app = load_app(app_ref)
     try:
         settings = app.settings()
-        if not transports[settings.broker].capabilities.store_only:
+        if not transports[settings.broker].capabilities.embedded:
             raise click.UsageError(
                 f"setting broker (STREAMAPP_BROKER) is {settings.broker!r}: its parked "
                 "records are on the broker; send them back with `streamapp parked replay "
                 f"-A {app_ref} --topic DESTINATION`. `store parked replay` sends back the "
-                "rows of a store-only worker (STREAMAPP_BROKER=none)"
+                "rows of an embedded worker (STREAMAPP_BROKER=none)"
             )
         wanted = _destinations(app, app_ref, destinations)
         run = asyncio.run(_send(app, settings.event_store, wanted, start, until, dry_run))

@@ -12,9 +12,9 @@ import orjson
 
 from ..app import App
 from ..errors import StreamappError
-from ..retirement import running_views
-from ..settings import Settings
-from ..transport import transports
+from ..settings.settings import Settings
+from ..transports.base import transports
+from ..versions.ledger import running_views
 from .main import load_app, main
 
 DEFAULT_URL = "http://127.0.0.1:6066"
@@ -184,7 +184,7 @@ def worker_url(app: App, settings: Settings) -> str:
     """Where ``app``'s worker serves its views: with STREAMAPP_BROKER=none, the one the
     running worker recorded in the event store's ledger; else (or none recorded) the
     address of setting web_host / web_port."""
-    if transports[settings.broker].capabilities.store_only and app.tables:
+    if transports[settings.broker].capabilities.embedded and app.tables:
         try:
             running = asyncio.run(running_views(settings.event_store, app.id))
         except StreamappError as exc:

@@ -9,7 +9,7 @@ import click
 
 from ..errors import StreamappError
 from ..topics import TopicPlan
-from ..transport import refuse_unsupported, transports
+from ..transports.base import refuse_unsupported, transports
 from .main import app_option, load_app, main
 
 

@@ -9,7 +9,7 @@ import click
 
 from .. import logs
 from ..errors import StreamappError
-from ..loop import run as run_loop
+from ..settings.event_loop import run as run_loop
 from .main import app_option, load_app, loglevel_option, main
 
 

@@ -11,7 +11,7 @@ headers or structured content type (:func:`streamapp.codecs.structured.sniff`).
 
 Here a message is a header list: the AMQP headers as ``(name, bytes)`` plus the
 ``content_type`` property as the pseudo-header ``content-type``, the one vocabulary of
-:class:`~streamapp.engine.delivery.Delivery` (see :mod:`streamapp.rabbitmq.wire`).
+:class:`~streamapp.engine.delivery.Delivery` (see :mod:`streamapp.transports.rabbitmq.wire`).
 Decoding raises :class:`DecodeError` with a reason; it never raises anything else.
 """
 

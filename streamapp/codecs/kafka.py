@@ -29,7 +29,7 @@ def decode(
 ) -> Event:
     """The CloudEvent in one Kafka record, or :class:`DecodeError` saying why not.
     ``parse_json=False`` leaves binary-mode JSON data as its bytes, for readers that
-    decode it themselves (typed agents: :mod:`streamapp.typed`)."""
+    decode it themselves (typed agents: :mod:`streamapp.agents.typed`)."""
     # The hot path: one pass, the core attributes straight into their slots (no dict of
     # attributes built and popped again), extensions into a dict of their own.
     core: list[str | None] = [None] * _CORE_COUNT

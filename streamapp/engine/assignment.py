@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..agent import Agent
+from ..agents.agent import Agent
 from ..errors import TableUnavailableError
 from ..tables.store import Store
 from ..tables.table import Table
@@ -51,7 +51,8 @@ class Assignment:
         group to confirm it (the embedded store lock holds while the process runs)."""
         self.stalled: Callable[[], Mapping[tuple[str, int], float]] = dict
         """The live partitions that have deliveries waiting and get none, each with for
-        how long (where the transport can tell: RabbitMQ, :mod:`streamapp.rabbitmq.stalled`)."""
+        how long (where the transport can tell: RabbitMQ,
+        :mod:`streamapp.transports.rabbitmq.stalled`)."""
 
     def owner_of(self, table: str, key: str) -> tuple[int, PartitionTask | None]:
         """The partition of ``key`` in the table labelled ``table`` (``Table.label``), and

@@ -11,7 +11,7 @@ pause, doubled per failure up to the cap.
 from __future__ import annotations
 
 from ..records import Delivery
-from .pace import doubled
+from .backoff import doubled
 
 
 class Attempts:

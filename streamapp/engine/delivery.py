@@ -11,8 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from ..errors import DecodeError
 from ..events import Event
-from ..records import Delivery
-from ..reserved import Stamped
+from ..records import Delivery, Stamped
 
 STORE_POSITION_HEADER = "streamapp-position"
 """Set by the forwarder: the event-store position of the event a message carries (ASCII

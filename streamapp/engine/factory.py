@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agent import Agent
+from ..agents.agent import Agent
+from ..agents.outputs import Encoder
 from ..codecs import plain
 from ..errors import TableUnavailableError
-from ..outputs import Encoder
 from ..tables.reads import Locator
 from ..tables.store import Store
 from ..tables.table import Table

@@ -20,7 +20,7 @@ one that is next in the stream (the hold's ``first``) through the handler, and t
 moves on to the next (stream versions are contiguous) until the last one held is
 applied: the stream is released. One that fails again holds the stream again from it;
 the copies sent back after it are parked again behind it, in order, not counted twice.
-A held event sent back marked :data:`~streamapp.republish.HELD_SKIP` (``streamapp parked
+A held event sent back marked :data:`~streamapp.failures.republish.HELD_SKIP` (``streamapp parked
 skip``) is skipped for good instead: recorded in the lane's ``skipped`` state with the
 batch, logged, its stream version counted as applied; the only way an event is left out.
 A new live event of the stream during a release is parked behind the hold like any
@@ -38,10 +38,10 @@ import orjson
 
 from ..errors import DecodeError
 from ..events import Event
-from ..outcomes import parking
+from ..failures.outcomes import parking
+from ..failures.republish import HELD_PLACE, HELD_SKIP, HELD_STREAM
+from ..failures.retry_chain import header
 from ..records import Delivery, DeliveryRecord
-from ..republish import HELD_PLACE, HELD_SKIP, HELD_STREAM
-from ..retry_chain import header
 from ..tables.held import HeldStream
 from ..tables.partition import PartitionTables
 from .interfaces import TaskMetrics

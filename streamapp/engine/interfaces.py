@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from ..agent import Agent
-from ..outcomes import Outcome
+from ..agents.agent import Agent
+from ..failures.outcomes import Outcome
 from ..records import Message, Receipt
 from ..tables.partition import BatchChanges, PartitionTables
 

@@ -24,7 +24,7 @@ topic over each delivery, in registration order; each agent is a :class:`Lane` t
 - **The retry chain** (``Retry``) settles a failed delivery for its lane without holding
   the partition beyond the inline retries: the lane tries it again after each interval
   (a wait that a stop ends at once, leaving the delivery unsettled), then puts a copy
-  for the retry or dead-letter topic (:mod:`streamapp.retry_chain`) in its outbox, so
+  for the retry or dead-letter topic (:mod:`streamapp.failures.retry_chain`) in its outbox, so
   the copy commits with the batch. A copy that comes back names its agent; the other
   lanes, which settled the original, skip it.
 - **Blocking agents** (``blocking=True``) run their handler in the lane's own thread
@@ -45,10 +45,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import retry_chain as chain
-from ..agent import DELIVERED, UNVERSIONED, Agent, Runner, handle
-from ..outcomes import Outcome, Retry
-from ..outputs import Encoder, Outbox, Send
+from ..agents.agent import DELIVERED, UNVERSIONED, Agent, Runner, handle
+from ..agents.outputs import Encoder, Outbox, Send
+from ..failures import retry_chain as chain
+from ..failures.outcomes import Outcome, Retry
 from ..records import Delivery
 from ..tables.partition import PartitionTables
 from .attempts import Attempts
@@ -116,7 +116,7 @@ class Lane:
         """Stored events this lane settled in replays (its catch-ups and builds)."""
         self.building = False
         """Catching up from its history on its own while the task's other lanes are live
-        (:mod:`streamapp.engine.build`): live runs skip it, the source settles without it."""
+        (:mod:`streamapp.engine.lane_build`): live runs skip it, the source settles without it."""
         self._phase = Phase.RESTORING
         self.unversioned = 0
         """Events applied to its tables without ``streamversion`` (at least once)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..outcomes import Outcome
+from ..failures.outcomes import Outcome
 from .interfaces import SinkMetrics, TaskMetrics
 
 

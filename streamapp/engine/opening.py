@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, FencedError, StoreCorruptError, StoreFormatError
-from .build import LaneBuild, building_lanes
+from .backoff import Pace
 from .interfaces import Committed
 from .lane import Lane
-from .pace import Pace
+from .lane_build import LaneBuild, building_lanes
 from .phase import Phase
 from .provenance import check_state
 from .start_plan import LaneStart, place, plan_start

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from ..agent import Agent
-from ..outcomes import parking
+from ..agents.agent import Agent
+from ..failures.outcomes import parking
 from ..records import Delivery
 from .delivery import Parker, park_headers
 from .interfaces import Sink

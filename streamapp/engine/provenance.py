@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..agent import Agent
+from ..agents.agent import Agent
 from ..errors import APP_REF, StateMismatchError
 from ..tables.partition import CHECKPOINT_KEY, META, PartitionTables
 from ..topics import TopicSpec

@@ -14,9 +14,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FencedError, StoreCorruptError
+from .backoff import Pace
 from .lane import Lane
 from .opening import take_durable_positions
-from .pace import Pace
 from .phase import Phase
 from .replay import history_at
 

@@ -11,8 +11,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import FencedError
+from .backoff import Pace
 from .opening import restore_tail
-from .pace import Pace
 from .phase import Phase
 from .rebuild import rebuild_damaged
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..codecs import structured
 from ..errors import ConfigError, FencedError, StoreCorruptError
 from ..events import Event
-from ..outcomes import Outcome
+from ..failures.outcomes import Outcome
 from ..records import Delivery
 from ..tables.checkpoint import Checkpoint
 from ..topics import TopicSpec
@@ -61,7 +61,7 @@ class Replayed(Protocol):
 
     @property
     def building(self) -> bool:
-        """True for lanes that build beside live ones (:mod:`~streamapp.engine.build`):
+        """True for lanes that build beside live ones (:mod:`~streamapp.engine.lane_build`):
         the feed serves whole partitions first."""
         ...
 

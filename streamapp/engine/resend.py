@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import StoreCorruptError
 from ..eventstore.base import APPLIED, FILTERED, PARKED_AGAIN
-from ..outcomes import Outcome
+from ..failures.outcomes import Outcome
 from ..records import Delivery
 from .attempts import Attempts
 from .lane import SKIP, Lane, run_lanes

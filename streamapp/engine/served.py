@@ -4,7 +4,7 @@ directory, and the group's version states as its views see them.
 A worker's record says which table versions its code declares and, for each, the
 partitions whose lane of that version is live here (:func:`local_tables`), with the
 version it answers each table from (``Assignment.served``: one-way, see
-:mod:`streamapp.version_states`). Views combine it with the other members' records
+:mod:`streamapp.versions.states`). Views combine it with the other members' records
 (a transport's directory implementing :class:`TablesDirectory`) in
 :func:`group_states`, which advances that latch.
 """
@@ -19,17 +19,17 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from .. import retired
 from ..tables.partition import PartitionTables
 from ..tables.table import Table
-from ..version_states import (
+from ..versions import retired
+from ..versions.states import (
     Declared,
     MemberTables,
     Progress,
     TableStates,
     TableVersion,
 )
-from ..version_states import (
+from ..versions.states import (
     group_states as states_of,
 )
 from .assignment import Agents, Assignment
@@ -105,7 +105,7 @@ def lane_phase(task: PartitionTask, lane: Lane) -> Phase:
 
 def retired_versions(app_id: str) -> frozenset[TableVersion]:
     """The table versions of ``app_id`` retired by ``streamapp retire``: the one place
-    views read retirements (:mod:`streamapp.retired`, filled from the app's ledger)."""
+    views read retirements (:mod:`streamapp.versions.retired`, filled from the app's ledger)."""
     return retired.retired_versions(app_id)
 
 

@@ -15,17 +15,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from .. import retry_chain as chain
-from ..agent import DUPLICATE, Agent, Handled, handle
+from ..agents.agent import DUPLICATE, Agent, Handled, handle
 from ..errors import DecodeError
 from ..events import Event
+from ..failures import retry_chain as chain
+from ..failures.outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
+from ..failures.republish import REPLAYED
 from ..logs import Gate
-from ..outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
 from ..records import Delivery
-from ..republish import REPLAYED
+from .backoff import pause
 from .hold import hold_failed
 from .interfaces import TaskMetrics
-from .pace import pause
 
 if TYPE_CHECKING:
     from .lane import Lane

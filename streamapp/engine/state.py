@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..agent import Agent
+from ..agents.agent import Agent
 from ..errors import StoreCorruptError, TableUnavailableError
 from ..tables.partition import PartitionTables, spaces_for
 from ..tables.reads import Locator, ReadView

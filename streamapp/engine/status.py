@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..outcomes import Outcome
+from ..failures.outcomes import Outcome
 from ..tables.checkpoint import Checkpoint
 from .hold import held_counts
 from .lane import Lane

@@ -23,25 +23,25 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from ..agent import Agent
+from ..agents.agent import Agent
 from ..errors import (
     AgentRefusedError,
     FencedError,
     StoreBehindError,
     StoreCorruptError,
 )
-from ..outcomes import Outcome
+from ..failures.outcomes import Outcome
 from ..records import Delivery
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import PartitionTables
 from .ahead import Ahead
 from .attempts import Attempts
-from .build import LaneBuild
+from .backoff import pause
 from .commit import Commit
 from .interfaces import PartitionPort, Transaction
 from .lane import SKIP, Lane, Run, run_lanes
+from .lane_build import LaneBuild
 from .opening import open_partition, rejoin_partition, suspend_partition
-from .pace import pause
 from .phase import Phase, check_transition
 from .rebuild import rebuild_damaged, store_damaged
 from .recover import recover

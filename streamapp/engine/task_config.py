@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..agent import Agent
+from ..agents.agent import Agent
 from ..errors import ConfigError
-from ..outcomes import FailurePolicy, Redeliver, Retry
-from ..settings import Settings
+from ..failures.outcomes import FailurePolicy, Redeliver, Retry
+from ..settings.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ one global order. SQLite (one file) is the embedded default; PostgreSQL the shar
 from __future__ import annotations
 
 from ..errors import ConcurrencyError, DuplicateEventError, InvalidEventError
-from ..storeurl import StoreUrl, parse_url
+from ..settings.store_url import StoreUrl, parse_url
 from .base import EventStore, EventStoreBackend, ForwarderState
 from .model import (
     Append,
@@ -29,10 +29,10 @@ async def open_store(url: str) -> EventStoreBackend:
     PostgreSQL URL without psycopg installed (``pip install 'streamapp[postgres]'``).
     """
     if parse_url(url).kind == "postgresql":
-        from .postgres import PostgresEventStore
+        from .postgres.store import PostgresEventStore
 
         return await PostgresEventStore.open(url)
-    from .sqlite import SqliteEventStore
+    from .sqlite.store import SqliteEventStore
 
     return await SqliteEventStore.open(url)
 

@@ -165,7 +165,7 @@ class EventStoreBackend(EventStore, Protocol):
         ...
 
     def worker_lock(self, app_id: str) -> AbstractAsyncContextManager[None]:
-        """Held by a store-only worker for its life; raises ConfigError naming the holder
+        """Held by an embedded worker for its life; raises ConfigError naming the holder
         when another worker of ``app_id`` holds it."""
         ...
 
@@ -178,7 +178,7 @@ class EventStoreBackend(EventStore, Protocol):
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         """Keep a parked delivery in ``streamapp_parked``: the parking destination of a
-        store-only worker (no broker to park to). Returns once the row is committed."""
+        embedded worker (no broker to park to). Returns once the row is committed."""
         ...
 
     async def parked(self, destination: str) -> list[ParkedRecord]:
@@ -218,7 +218,7 @@ class EventStoreBackend(EventStore, Protocol):
         ...
 
     async def ledger_records(self, app_id: str) -> list[tuple[str, bytes | None]]:
-        """``app_id``'s ledger (``streamapp_ledger``: :mod:`streamapp.retirement`)."""
+        """``app_id``'s ledger (``streamapp_ledger``: :mod:`streamapp.versions.ledger`)."""
         ...
 
     async def put_ledger_record(self, app_id: str, key: str, value: bytes) -> None:

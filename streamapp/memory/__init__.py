@@ -1,5 +1,5 @@
 """In-memory broker for users' unit tests."""
 
-from .broker import MemoryBroker, StuckRecord, StuckRecordsError
+from ..testing.broker import MemoryBroker, StuckRecord, StuckRecordsError
 
 __all__ = ["MemoryBroker", "StuckRecord", "StuckRecordsError"]

@@ -1,7 +1,8 @@
 """The changelog format: one compacted topic per agent, one record per changed key.
 
 DESIGN note, the choice of mechanism: a partition's batches reach its changelog in
-transactions and are restored with ``read_committed`` (see :mod:`streamapp.kafka.transaction`).
+transactions and are restored with ``read_committed`` (see
+:mod:`streamapp.transports.kafka.transaction`).
 Each batch writes every changed key of every table of the partition, the stream versions
 it applied, and a checkpoint record (the source positions and the phase), so a restore
 never applies part of a batch as if it were whole. Commit markers of our own were the

@@ -16,8 +16,7 @@ import msgspec
 import orjson
 
 from ..errors import ForeignKeyError
-from ..partitioner import Partitioner, partition_for
-from ..topics import TopicSpec
+from ..topics import Partitioner, TopicSpec, partition_for
 from .base import Store
 
 V = TypeVar("V")

@@ -17,9 +17,9 @@ from aiohttp import web
 
 from ..engine.assignment import UNCONFIRMED, Assignment
 from ..tables.table import Table
-from .forward import FORWARDED
+from .owner import FORWARDED
 from .responses import error, unavailable, versioned
-from .routes import VersionRoutes
+from .versions import VersionRoutes
 
 MAX_KEY_BYTES = 1024
 """Longer keys (and prefixes) are refused with 414."""

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..forwarder import Forwarder
+from ..catchup.forwarder import Forwarder
 from . import security
 from .metrics import CONTENT_TYPE
 from .responses import json_response

@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from ..agent import Agent
+from ..agents.agent import Agent
 from ..engine.assignment import Assignment
-from ..outcomes import parking
+from ..failures.outcomes import parking
 from .held import held_of_agent
 from .responses import json_response
 

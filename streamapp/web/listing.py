@@ -13,7 +13,7 @@ from ..engine.served import phase_of
 from .endpoint import TableEndpoint
 from .held import held_of_agent
 from .responses import json_response
-from .routes import VersionRoutes
+from .versions import VersionRoutes
 
 
 class ListingEndpoint(TableEndpoint):

@@ -19,8 +19,8 @@ from ..engine.hold import held_counts
 from ..engine.interfaces import RelayGauges
 from ..engine.phase import Phase
 from ..engine.stall import Stall
-from ..outcomes import Outcome
-from ..tables.memory import RocksMemory
+from ..failures.outcomes import Outcome
+from ..tables.rocksdb.cache import RocksMemory
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SIZES = (1, 5, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000)

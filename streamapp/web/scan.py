@@ -18,7 +18,7 @@ from ..errors import StoreError
 from ..tables.table import scan
 from .cursor import decode_cursor, encode_cursor
 from .endpoint import STALE_HEADER, TableEndpoint, answer_early, check_length, flag, int_param
-from .forward import FORWARDED, ask_owner
+from .owner import FORWARDED, ask_owner
 from .responses import (
     VERSION_HEADER,
     error,

@@ -11,9 +11,9 @@ Retry-After; a key of another worker's partition is forwarded to its owner when 
 transport keeps a directory of owners (Kafka), else answered 421 naming the partition.
 
 A table has versions (``Table(name, version=N)``); views answer from the table's active
-version (:mod:`streamapp.version_states`, as the members directory shows the group:
+version (:mod:`streamapp.versions.states`, as the members directory shows the group:
 :func:`streamapp.engine.served.group_states`, kept between lookups until what it comes
-from changes: :mod:`streamapp.web.routes`), or from the version ``?version=N`` pins.
+from changes: :mod:`streamapp.web.versions`), or from the version ``?version=N`` pins.
 Every answer to a key names the version that served it or would serve it, in the header
 :data:`VERSION_HEADER` (200s, 404s of a key, 503s). A key is forwarded to its owner
 with the version, and the owner answers that version, never another; a partition
@@ -21,7 +21,7 @@ whose lane of that version is not live answers 503 + Retry-After.
 
 - ``GET /tables``: each table's versions, partition counts, owners (:mod:`.listing`).
 - ``GET /tables/{table}/{key}``: the value, plain JSON (a key of another worker's
-  partition is forwarded to it, :mod:`streamapp.web.forward`). ``?version=N`` pins a
+  partition is forwarded to it, :mod:`streamapp.web.owner`). ``?version=N`` pins a
   version (404 naming the versions that exist when N is none of them).
   ``?min_version=N`` waits up to :data:`MIN_VERSION_WAIT_S` for the key's committed
   stream version to reach N (else 503). ``?meta=1`` wraps the value with its table
@@ -51,13 +51,13 @@ from ..engine.phase import Phase
 from ..engine.served import lane_of, lane_phase
 from ..engine.task import PartitionTask
 from ..errors import StoreError
-from ..partitioner import Partitioner
 from ..tables.partition import PartitionTables
 from ..tables.table import Table
+from ..topics import Partitioner
 from .endpoint import STALE_HEADER, TableEndpoint, answer_early, check_length, flag, int_param
-from .forward import FORWARDED, forward
 from .held import held_answer
 from .listing import ListingEndpoint
+from .owner import FORWARDED, forward
 from .responses import (
     VERSION_HEADER,
     error,
@@ -67,8 +67,8 @@ from .responses import (
     unavailable,
     versioned,
 )
-from .routes import VersionRoutes
 from .scan import ScanEndpoint
+from .versions import VersionRoutes
 
 __all__ = ["STALE_HEADER", "KeyEndpoint", "Serving", "add_routes"]
 

@@ -3,7 +3,7 @@
 A view reads the store, never the open batch, so it shows state consistent with the
 checkpoint. While the key's partition restores, catches up or is being handed over here,
 it answers 503 with Retry-After; when another worker owns it, the request is forwarded
-to the owner (:mod:`streamapp.web.forward`). Views know the worker's
+to the owner (:mod:`streamapp.web.owner`). Views know the worker's
 :class:`Assignment`, no transport.
 """
 
@@ -14,9 +14,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .._version import streamapp_version
 from ..engine.assignment import Assignment
-from ..version import streamapp_version
-from . import forward, health, openapi, security, tables
+from . import health, openapi, security, tables
+from . import owner as forward
 from .metrics import CONTENT_TYPE, WorkerMetrics
 from .responses import json_response, unavailable
 

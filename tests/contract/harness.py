@@ -21,7 +21,7 @@ from urllib.parse import quote
 import aiohttp
 
 from streamapp import App, Event
-from streamapp.agent import Agent
+from streamapp.agents.agent import Agent
 from streamapp.codecs import kafka as codec
 from tests.support.waits import frozen, until
 

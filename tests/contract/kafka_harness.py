@@ -20,9 +20,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamapp import App
 from streamapp.engine.interfaces import NO_LANES, Committed
-from streamapp.kafka.port import KafkaPartitionPort
-from streamapp.kafka.topology import create_topics
-from streamapp.kafka.transaction import KafkaTransaction
+from streamapp.transports.kafka.port import KafkaPartitionPort
+from streamapp.transports.kafka.topology import create_topics
+from streamapp.transports.kafka.transaction import KafkaTransaction
 from streamapp.worker import Worker
 from tests.support.waits import until
 

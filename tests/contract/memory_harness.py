@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from streamapp import App
-from streamapp.memory import MemoryBroker, StuckRecordsError
 from streamapp.records import DeliveryRecord
+from streamapp.testing import MemoryBroker, StuckRecordsError
 from streamapp.web.metrics import WorkerMetrics
 
 from .harness import AgentHarness, Parked, counter

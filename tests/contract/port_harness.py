@@ -29,26 +29,25 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamapp import App, Event
-from streamapp.catchup import StoreFeed
+from streamapp.catchup.feed import StoreFeed
 from streamapp.codecs import structured
 from streamapp.engine.interfaces import PartitionPort
 from streamapp.engine.phase import Phase
 from streamapp.eventstore import EventStoreBackend, open_store
-from streamapp.kafka.commits import OffsetCommits
-from streamapp.kafka.port import KafkaPartitionPort
-from streamapp.kafka.sink import KafkaSink
-from streamapp.memory import MemoryBroker
-from streamapp.memory.broker import _MemoryPort
-from streamapp.partitioner import partition_for
-from streamapp.rabbitmq.port import RabbitPartitionPort
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.topology import create_topology, queue_name
-from streamapp.rabbitmq.wire import from_message
 from streamapp.records import Delivery
 from streamapp.records import DeliveryRecord as Record
 from streamapp.records import Message as Outgoing
-from streamapp.storeonly.source import _StorePort
-from streamapp.topics import TopicSpec
+from streamapp.testing import MemoryBroker
+from streamapp.testing.broker import _MemoryPort
+from streamapp.topics import TopicSpec, partition_for
+from streamapp.transports.embedded.source import _StorePort
+from streamapp.transports.kafka.commits import OffsetCommits
+from streamapp.transports.kafka.port import KafkaPartitionPort
+from streamapp.transports.kafka.sink import KafkaSink
+from streamapp.transports.rabbitmq.port import RabbitPartitionPort
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.topology import create_topology, queue_name
+from streamapp.transports.rabbitmq.wire import from_message
 from tests.support.waits import until
 
 TOPIC_PARTITIONS = 2

@@ -35,12 +35,11 @@ import aio_pika
 import aiohttp
 
 from streamapp import App, FromEventStore
-from streamapp.partitioner import partition_for
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.source import RabbitSource
-from streamapp.rabbitmq.topology import create_topology, plans, queue_name
-from streamapp.rabbitmq.wire import from_message
-from streamapp.topics import TopicRole
+from streamapp.topics import TopicRole, partition_for
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.source import RabbitSource
+from streamapp.transports.rabbitmq.topology import create_topology, plans, queue_name
+from streamapp.transports.rabbitmq.wire import from_message
 from streamapp.worker import Worker
 from tests.support.waits import until
 

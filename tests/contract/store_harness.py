@@ -35,7 +35,7 @@ from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
 from streamapp.errors import InvalidEventError
 from streamapp.eventstore import EventStoreBackend, open_store, parse_url
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 from streamapp.worker import Worker
 from tests.support.waits import until
 

@@ -20,7 +20,7 @@ from conftest import PgUrlFactory, Services
 from streamapp import App, Event, Park, Redeliver, Table, TableView
 from streamapp.codecs import kafka as codec
 from streamapp.errors import ConcurrencyError, DecodeError, InvalidEventError
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 
 from .harness import AgentHarness
 from .kafka_harness import KafkaHarness
@@ -591,7 +591,7 @@ class TestEventStore(AgentContract):
         assert await h.parked(h.name("in.parked")) == []
 
     async def test_a_stored_row_that_does_not_decode_is_parked(self, h: AgentHarness) -> None:
-        """Store-only: a row written around the store's checks (another tool, a damaged
+        """Embedded: a row written around the store's checks (another tool, a damaged
         file) is NOT_DELIVERABLE; under Park it goes to ``streamapp_parked`` with its
         reason and global store position, and its partition goes on."""
         assert isinstance(h, StoreHarness)
@@ -624,7 +624,7 @@ class TestEventStore(AgentContract):
 
     # 6, the pause -----------------------------------------------------------------------
     async def test_redeliver_waits_the_policy_pause_between_attempts(self, h: AgentHarness) -> None:
-        """Store-only, for now: Redeliver(pause_s=0.6) retries no sooner than 0.6 s."""
+        """Embedded, for now: Redeliver(pause_s=0.6) retries no sooner than 0.6 s."""
         attempts: list[float] = []
 
         async def fail(event: Event, view: TableView[Any]) -> None:

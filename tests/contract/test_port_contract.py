@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import PgUrlFactory, Services
 
-from streamapp.partitioner import partition_for
 from streamapp.records import Delivery
+from streamapp.topics import partition_for
 
 from .port_harness import (
     TOPIC_PARTITIONS,

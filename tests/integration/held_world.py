@@ -16,7 +16,7 @@ import aiohttp
 
 from streamapp import App, Event
 from streamapp.codecs import amqp as codec
-from streamapp.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.sink import RabbitSink
 from streamapp.web.held import HELD_HEADER
 from tests.apps.held_app import fold
 from tests.support.waits import frozen, until

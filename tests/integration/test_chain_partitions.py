@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamapp import App, Event, Retry
 from streamapp.errors import ConfigError
-from streamapp.kafka.topology import create_topics as create_app_topics
+from streamapp.transports.kafka.topology import create_topics as create_app_topics
 from streamapp.worker import Worker
 
 pytestmark = pytest.mark.integration

@@ -9,11 +9,11 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from streamapp import Table
-from streamapp.kafka import changelog_read, transaction
-from streamapp.kafka.transaction import KafkaTransaction, restore
 from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
+from streamapp.transports.kafka import changelog_read, transaction
+from streamapp.transports.kafka.transaction import KafkaTransaction, restore
 
 from .harness import compacted_changelog
 

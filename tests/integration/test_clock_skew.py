@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from streamapp.retirement import PREFIX as LEDGER_PREFIX
+from streamapp.versions.ledger import PREFIX as LEDGER_PREFIX
 from tests.support import waits
 
 from .harness import (

@@ -12,7 +12,7 @@ import pytest
 
 from streamapp import App, Event, FromEventStore, Table, TableView
 from streamapp.eventstore import open_store
-from streamapp.rabbitmq.topology import create_topology
+from streamapp.transports.rabbitmq.topology import create_topology
 from streamapp.worker import Worker
 from tests.conftest import Services
 from tests.support.waits import until

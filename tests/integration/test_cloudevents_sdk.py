@@ -17,7 +17,7 @@ from cloudevents.v1 import kafka as v1_kafka
 from cloudevents.v1.http import CloudEvent as V1CloudEvent
 
 from streamapp import App, Event, Park, Table, TableView
-from streamapp.kafka.topology import create_topics
+from streamapp.transports.kafka.topology import create_topics
 from streamapp.worker import Worker
 from tests.support.waits import frozen, until
 

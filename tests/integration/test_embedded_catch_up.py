@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 
 from streamapp import Event
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 
 from .harness import WorkerProc, append_to_store, read_table
 

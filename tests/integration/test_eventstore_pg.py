@@ -14,7 +14,7 @@ from conftest import PgUrlFactory
 from unit.test_eventstore import EventStoreContract, ev
 
 from streamapp.eventstore import EventStoreBackend, open_store
-from streamapp.eventstore.postgres import PostgresEventStore
+from streamapp.eventstore.postgres.store import PostgresEventStore
 from tests.support.waits import until
 
 pytestmark = pytest.mark.integration

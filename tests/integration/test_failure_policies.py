@@ -21,8 +21,8 @@ from streamapp.codecs import kafka as codec
 from streamapp.engine.phase import Phase
 from streamapp.errors import AgentRefusedError
 from streamapp.eventstore import Append, open_store
-from streamapp.kafka.topology import create_topics as create_app_topics
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
+from streamapp.transports.kafka.topology import create_topics as create_app_topics
 from streamapp.worker import Worker
 from tests.support.waits import until
 

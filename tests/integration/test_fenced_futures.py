@@ -15,11 +15,11 @@ from aiokafka import TopicPartition
 
 from streamapp import App, Event, Table, TableView
 from streamapp.errors import FencedError
-from streamapp.kafka.topology import create_topics
-from streamapp.kafka.transaction import KafkaTransaction
 from streamapp.records import Message
 from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import BatchChanges
+from streamapp.transports.kafka.topology import create_topics
+from streamapp.transports.kafka.transaction import KafkaTransaction
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

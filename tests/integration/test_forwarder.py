@@ -323,9 +323,9 @@ async def test_the_forwarder_logs_a_summary_every_few_seconds_not_a_line_per_chu
     """60 chunks of 100 over ~3 s: a first-chunk line, a summary a second (the interval
     shortened for the test) with rate, position, head and lag, one stop line; the
     per-chunk offsets only at DEBUG."""
-    from streamapp import forwarder
+    from streamapp.catchup import forwarder
     from streamapp.codecs import kafka as codec
-    from streamapp.kafka.sink import KafkaSink
+    from streamapp.transports.kafka.sink import KafkaSink
 
     monkeypatch.setattr(forwarder, "SUMMARY_EVERY_S", 1.0, raising=False)
     url = f"sqlite:///{tmp_path / 'events.db'}"

@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import Event
 from streamapp.codecs import kafka as codec
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 from tests.support.waits import frozen, until
 
 from .harness import (

@@ -14,8 +14,8 @@ from aiokafka import AIOKafkaConsumer
 from streamapp import App, Event, Park
 from streamapp.cli.forward import forward_sink
 from streamapp.codecs import kafka as codec
-from streamapp.kafka.sink import KafkaSink
-from streamapp.kafka.topology import create_topics
+from streamapp.transports.kafka.sink import KafkaSink
+from streamapp.transports.kafka.topology import create_topics
 from streamapp.worker import Worker
 
 pytestmark = pytest.mark.integration

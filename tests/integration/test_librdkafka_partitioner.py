@@ -21,12 +21,11 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamapp import App, Event, Send
-from streamapp.kafka.sink import KafkaSink
-from streamapp.partitioner import Partitioner, partition_for
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.topology import create_topology
 from streamapp.records import Message
-from streamapp.topics import TopicSpec
+from streamapp.topics import Partitioner, TopicSpec, partition_for
+from streamapp.transports.kafka.sink import KafkaSink
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.topology import create_topology
 from tests.conftest import Services
 from tests.support.waits import until_sync
 

@@ -9,11 +9,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streamapp import Table
-from streamapp.kafka.lineage import mismatch
-from streamapp.kafka.transaction import KafkaTransaction
 from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import BatchChanges, PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
+from streamapp.transports.kafka.lineage import mismatch
+from streamapp.transports.kafka.transaction import KafkaTransaction
 
 from .harness import compacted_changelog
 

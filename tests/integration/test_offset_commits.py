@@ -14,7 +14,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streamapp.kafka.commits import OffsetCommits
+from streamapp.transports.kafka.commits import OffsetCommits
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from streamapp import Event
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 from tests.support.waits import until
 
 from .harness import (

@@ -1,5 +1,5 @@
 """``streamapp store parked replay`` in the embedded mode (``STREAMAPP_BROKER=none``), on
-SQLite and on PostgreSQL: rows a store-only worker parked while the handler failed go
+SQLite and on PostgreSQL: rows an embedded worker parked while the handler failed go
 back, once it is fixed, to the agent that parked them, each once per run; ``--dry-run``
 sends nothing; ``--until`` bounds a run; the mark makes a next run send only what was
 parked since; a kill -9 and restart applies nothing again; a row that fails again is
@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from streamapp import Event
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 from tests.conftest import PgUrlFactory
 from tests.support import waits
 

@@ -21,8 +21,8 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import Event
 from streamapp.codecs import kafka as codec
-from streamapp.partitioner import partition_for
-from streamapp.republish import REPLAYED
+from streamapp.failures.republish import REPLAYED
+from streamapp.topics import partition_for
 from tests.support.waits import until
 
 from .harness import (

@@ -24,10 +24,10 @@ import pytest
 
 from streamapp import App, Event
 from streamapp.codecs import amqp as codec
-from streamapp.partitioner import partition_for
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.wire import from_message
-from streamapp.republish import REPLAYED
+from streamapp.failures.republish import REPLAYED
+from streamapp.topics import partition_for
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.wire import from_message
 from tests.conftest import Services
 from tests.support import waits
 

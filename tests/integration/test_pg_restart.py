@@ -31,7 +31,7 @@ from streamapp import Event
 from streamapp.codecs.structured import to_json
 from streamapp.engine.delivery import STORE_POSITION_HEADER
 from streamapp.eventstore import Append, open_store
-from streamapp.eventstore.postgres import PostgresEventStore
+from streamapp.eventstore.postgres.store import PostgresEventStore
 from tests.support.services import restart
 from tests.support.waits import Stalled, until
 
@@ -646,7 +646,7 @@ async def test_a_rabbitmq_partition_moved_while_postgres_is_down_replays_once_it
     assert "connection lost" in log, log[-3000:]
 
 
-# --- the store-only worker's lock ---------------------------------------------------------
+# --- the embedded worker's lock ---------------------------------------------------------
 
 
 async def test_a_store_only_worker_keeps_following_and_its_lock_through_a_restart(
@@ -697,7 +697,7 @@ async def test_a_store_only_worker_whose_lock_was_taken_over_stops(
     pg_url_factory: PgUrlFactory, tmp_path: Path
 ) -> None:
     """Its lock session is ended and another session takes the worker lock before the
-    worker takes it again: the worker stops, naming the holder (two store-only workers
+    worker takes it again: the worker stops, naming the holder (two embedded workers
     of one app never run at once)."""
     import psycopg
 

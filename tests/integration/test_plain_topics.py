@@ -19,7 +19,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 from tests.conftest import Services
 from tests.support.waits import Stalled, until
 

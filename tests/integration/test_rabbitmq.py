@@ -19,9 +19,9 @@ from aiormq.exceptions import ChannelNotFoundEntity
 
 from streamapp import App, Event, FromEventStore, PublishError
 from streamapp.codecs import amqp as codec
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.topology import create_topology
 from streamapp.records import Message
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.topology import create_topology
 from tests.conftest import Services
 from tests.support.waits import frozen, until
 
@@ -165,7 +165,7 @@ async def test_unroutable_publish_fails_routed_one_is_confirmed_and_persistent(
         await sink.publish(f"{ns}in", body, key=key, headers=headers)
     finally:
         await sink.stop()
-    from streamapp.partitioner import partition_for
+    from streamapp.topics import partition_for
 
     p = partition_for(b"order-1", 4)
     queue = await channel.declare_queue(f"{ns}in.{p}", passive=True)

@@ -12,7 +12,7 @@ import aio_pika
 import pytest
 
 from streamapp import Event, Park, Retry
-from streamapp.rabbitmq.topology import create_topology
+from streamapp.transports.rabbitmq.topology import create_topology
 from tests.conftest import Services
 
 from .test_rabbitmq_retry_chain import depth, new_app

@@ -5,7 +5,7 @@ expires between the close and the broker's ``CloseOk``) with a second ``Channel.
 the broker, whose channel is closed by then, fails the whole connection
 (``CHANNEL_ERROR - expected 'channel.open'``), dropping every other channel on it: a
 worker's partitions, its members channel, its sink. CI met it under load as a worker's
-connection lost mid-rebalance. :func:`streamapp.rabbitmq.connection.close_channel`
+connection lost mid-rebalance. :func:`streamapp.transports.rabbitmq.connection.close_channel`
 never cancels the close. Checked: the same sweep with ``asyncio.wait_for(channel.close(),
 timeout)`` breaks some of the connections (2 of 39 on an idle machine)."""
 
@@ -16,7 +16,7 @@ import asyncio
 import aio_pika
 import pytest
 
-from streamapp.rabbitmq.connection import close_channel
+from streamapp.transports.rabbitmq.connection import close_channel
 from tests.conftest import Services
 
 pytestmark = pytest.mark.integration

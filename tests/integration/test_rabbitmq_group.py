@@ -1,6 +1,6 @@
 """RabbitMQ workers as a group: partitions shared, moved and kept exact on a real broker.
 
-The membership protocol (``streamapp/rabbitmq/members.py``) hands partitions between
+The membership protocol (``streamapp/transports/rabbitmq/members.py``) hands partitions between
 workers; single active consumer guards a partition when members disagree. Nothing is
 mocked: the broker is the session's RabbitMQ, the store a SQLite file; the disagreement
 is made by silencing one in-process member's heartbeats.
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from streamapp import App, Event, FromEventStore, Table, TableView
-from streamapp.rabbitmq.members import RabbitMembership
-from streamapp.rabbitmq.source import RabbitSource
-from streamapp.rabbitmq.topology import create_topology
+from streamapp.transports.rabbitmq.members import RabbitMembership
+from streamapp.transports.rabbitmq.source import RabbitSource
+from streamapp.transports.rabbitmq.topology import create_topology
 from streamapp.worker import Worker
 from tests.conftest import Services
 from tests.support.services import restart
@@ -149,9 +149,9 @@ def events(n: int, keys: int, start: int = 0) -> list[Event]:
 
 async def run_forwarder(app: App) -> asyncio.Task[None]:
     """The store's forwarder, in-process, publishing to the app's topic."""
+    from streamapp.catchup.forwarder import Forwarder, forwarded_topics
     from streamapp.cli.forward import forward_sink
     from streamapp.eventstore import open_store
-    from streamapp.forwarder import Forwarder, forwarded_topics
 
     settings = app.settings()
     es = await open_store(settings.event_store)

@@ -20,8 +20,8 @@ import pytest
 
 from streamapp import App, Event, FromEventStore, Send, Table, TableView
 from streamapp.codecs import amqp as codec
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.topology import QUEUE_ARGUMENTS, create_topology, plans
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.topology import QUEUE_ARGUMENTS, create_topology, plans
 from streamapp.worker import Worker
 from tests.conftest import Services
 

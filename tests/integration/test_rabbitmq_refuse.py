@@ -15,8 +15,8 @@ import pytest
 
 from streamapp import Event
 from streamapp.codecs import amqp as codec
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.settings import Settings
+from streamapp.settings.settings import Settings
+from streamapp.transports.rabbitmq.sink import RabbitSink
 from tests.conftest import Services
 from tests.support.waits import until
 

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from streamapp import Event, Retry
-from streamapp.partitioner import partition_for
-from streamapp.rabbitmq.topology import create_topology
+from streamapp.topics import partition_for
+from streamapp.transports.rabbitmq.topology import create_topology
 from streamapp.worker import Worker
 
 from .test_rabbitmq_retry_chain import amqp, depth, new_app, send, until

@@ -30,11 +30,11 @@ import pytest
 
 from streamapp import App, Event, FromEventStore, MissingTopicError, Retry, Table, TableView
 from streamapp.codecs import amqp as codec
-from streamapp.partitioner import partition_for
-from streamapp.rabbitmq.relay import RabbitRelay
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.topology import create_topology, plans
-from streamapp.rabbitmq.wire import from_message
+from streamapp.topics import partition_for
+from streamapp.transports.rabbitmq.relay import RabbitRelay
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.topology import create_topology, plans
+from streamapp.transports.rabbitmq.wire import from_message
 from streamapp.worker import Worker
 from tests.conftest import Services
 from tests.support.waits import until as wait_until

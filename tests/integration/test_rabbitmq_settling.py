@@ -40,11 +40,11 @@ import pytest
 from streamapp import ConfigError, Event, Park, Redeliver, Table, TableView
 from streamapp.codecs import amqp as codec
 from streamapp.errors import SourceError
-from streamapp.partitioner import partition_for
-from streamapp.rabbitmq.port import RabbitPartitionPort
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.source import RabbitSource
-from streamapp.rabbitmq.topology import queue_name
+from streamapp.topics import partition_for
+from streamapp.transports.rabbitmq.port import RabbitPartitionPort
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.source import RabbitSource
+from streamapp.transports.rabbitmq.topology import queue_name
 from streamapp.worker import Worker
 from tests.conftest import Services
 from tests.contract.rabbit_harness import RabbitHarness

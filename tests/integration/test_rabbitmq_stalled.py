@@ -17,9 +17,9 @@ from typing import Any
 import aio_pika
 import pytest
 
-from streamapp.rabbitmq.source import RabbitSource
-from streamapp.rabbitmq.stalled import STALLED_AFTER_S
-from streamapp.rabbitmq.topology import create_topology, queue_name
+from streamapp.transports.rabbitmq.source import RabbitSource
+from streamapp.transports.rabbitmq.stalled import STALLED_AFTER_S
+from streamapp.transports.rabbitmq.topology import create_topology, queue_name
 from tests.conftest import Services
 from tests.contract.rabbit_harness import RabbitHarness
 from tests.contract.test_agent_contract import ev, log_app, logged

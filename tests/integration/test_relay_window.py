@@ -16,10 +16,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import App, Event
 from streamapp.codecs import kafka as codec
-from streamapp.kafka import relay as relay_module
-from streamapp.kafka.relay import KafkaRelay, relay_group
-from streamapp.kafka.sink import KafkaSink
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
+from streamapp.transports.kafka import relay as relay_module
+from streamapp.transports.kafka.relay import KafkaRelay, relay_group
+from streamapp.transports.kafka.sink import KafkaSink
 from tests.support.waits import STALLED_S, until
 
 from .harness import (

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import Event
 from streamapp.eventstore import open_store
-from streamapp.retirement import Retirement, StoreLedger, encode
+from streamapp.versions.ledger import Retirement, StoreLedger, encode
 from tests.conftest import PgUrlFactory, Services
 from tests.support.waits import until
 

@@ -16,8 +16,8 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import App, Event, Retry
 from streamapp.codecs import kafka as codec
-from streamapp.kafka.topology import create_topics as create_app_topics
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
+from streamapp.transports.kafka.topology import create_topics as create_app_topics
 from streamapp.worker import Worker
 from tests.support import crashpoint
 from tests.support.waits import until

@@ -15,11 +15,11 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamapp.errors import PublishError
-from streamapp.kafka.sink import KafkaSink
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.rabbitmq.topology import QUEUE_ARGUMENTS
 from streamapp.records import Message
-from streamapp.settings import Settings
+from streamapp.settings.settings import Settings
+from streamapp.transports.kafka.sink import KafkaSink
+from streamapp.transports.rabbitmq.sink import RabbitSink
+from streamapp.transports.rabbitmq.topology import QUEUE_ARGUMENTS
 from streamapp.web.metrics import WorkerMetrics
 from tests.conftest import Services
 

@@ -17,8 +17,8 @@ import pytest
 
 from streamapp import App, Backoff, Event, FromEventStore, Retry
 from streamapp.errors import ConfigError
-from streamapp.kafka.topology import create_topics as create_kafka_topics
-from streamapp.rabbitmq.topology import create_topology
+from streamapp.transports.kafka.topology import create_topics as create_kafka_topics
+from streamapp.transports.rabbitmq.topology import create_topology
 from streamapp.worker import Worker
 from tests.conftest import Services
 

@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 
 from streamapp import Event
 from streamapp.eventstore.base import display_url
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 from tests.conftest import PgUrlFactory, Services
 
 from .harness import (

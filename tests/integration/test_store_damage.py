@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from streamapp import Event
-from streamapp.partitioner import partition_for
+from streamapp.topics import partition_for
 from tests.conftest import Services
 from tests.support.damage import DAMAGES, flush, open_status, partition_stores, read_statuses
 from tests.support.waits import frozen, until
@@ -306,9 +306,9 @@ async def test_a_damaged_store_that_no_source_can_rebuild_is_refused_and_kept(
     worker stops naming the store and the fix, and leaves the directory as it is."""
     from streamapp import App, Table, TableView
     from streamapp.errors import StoreCorruptError
-    from streamapp.rabbitmq.topology import create_topology
     from streamapp.tables.partition import spaces_for
     from streamapp.tables.store import RocksStore
+    from streamapp.transports.rabbitmq.topology import create_topology
     from streamapp.worker import Worker
     from tests.support.damage import cut_to_half
 

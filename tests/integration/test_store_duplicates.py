@@ -23,7 +23,7 @@ from streamapp.cli import main
 from streamapp.codecs.structured import to_json
 from streamapp.errors import DuplicateEventError
 from streamapp.eventstore import Append, open_store
-from streamapp.eventstore.postgres import PostgresEventStore
+from streamapp.eventstore.postgres.store import PostgresEventStore
 
 from .harness import Proxy
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from streamapp import App, Event, Table, TableView
-from streamapp.kafka.topology import create_topics as create_app_topics
+from streamapp.transports.kafka.topology import create_topics as create_app_topics
 from streamapp.worker import Worker
 from tests.support.waits import until
 

@@ -12,7 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import App, Event, FromEventStore, Table, TableView
 from streamapp.eventstore import open_store
-from streamapp.transport import transports
+from streamapp.transports.base import transports
 from streamapp.worker import Worker
 
 from .harness import WorkerProc

@@ -105,9 +105,9 @@ def install(crash: CrashPoint) -> None:
     from aiokafka import AIOKafkaProducer
 
     from streamapp.engine.commit import Commit
-    from streamapp.kafka.port import KafkaPartitionPort
-    from streamapp.kafka.transaction import KafkaTransaction
     from streamapp.tables.partition import PartitionTables
+    from streamapp.transports.kafka.port import KafkaPartitionPort
+    from streamapp.transports.kafka.transaction import KafkaTransaction
 
     def around(cls: Any, name: str) -> Callable[[F], F]:
         """Replace method ``name`` of ``cls`` by ``wrapper(original, self, ...)``."""

@@ -16,11 +16,11 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from streamapp.agent import Agent
+from streamapp.agents.agent import Agent
 from streamapp.engine.interfaces import NO_LANES, Committed
 from streamapp.records import Delivery, DeliveryRecord, Message
 from streamapp.tables.partition import BatchChanges, PartitionTables
-from streamapp.version_states import MemberTables
+from streamapp.versions.states import MemberTables
 
 
 class MemoryPort:

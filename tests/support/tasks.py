@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from streamapp.catchup import StoreFeed
+from streamapp.catchup.feed import StoreFeed
 from streamapp.codecs import kafka as codec
 from streamapp.engine.factory import TaskFactory
 from streamapp.engine.phase import Phase

@@ -19,9 +19,9 @@ from streamapp.engine.interfaces import TaskMetrics
 from streamapp.engine.metrics import NO_METRICS
 from streamapp.engine.task import PartitionTask
 from streamapp.engine.task_config import TaskConfig
-from streamapp.partitioner import partition_for
 from streamapp.records import DeliveryRecord
 from streamapp.tables.store import MemoryStore, Store
+from streamapp.topics import partition_for
 
 from .doubles import MemoryPort, no_park
 

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from streamapp import App, ConfigError, Event, Outcome, Park, Redeliver, Table, TableView
-from streamapp.agent import handle
+from streamapp.agents.agent import handle
 from streamapp.errors import DecodeError
-from streamapp.memory.broker import MemoryBroker, StuckRecordsError
-from streamapp.partitioner import partition_for
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
+from streamapp.testing.broker import MemoryBroker, StuckRecordsError
+from streamapp.topics import partition_for
 
 PARK_REASON = "streamapp-park-reason"
 

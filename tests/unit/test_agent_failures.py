@@ -8,7 +8,7 @@ import pytest
 
 from streamapp import App, Event, Outcome, Park, Refuse, Retry, Table, TableView
 from streamapp.errors import AgentRefusedError
-from streamapp.memory import MemoryBroker
+from streamapp.testing import MemoryBroker
 
 
 def _app() -> tuple[App, Table[int]]:

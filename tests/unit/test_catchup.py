@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from streamapp import Event, FromEventStore, Table, TableView
-from streamapp.agent import Agent
-from streamapp.catchup import StoreFeed
+from streamapp.agents.agent import Agent
+from streamapp.catchup.feed import StoreFeed
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
 from streamapp.eventstore import Append, open_store
@@ -116,9 +116,9 @@ async def test_a_replayed_event_failing_mid_chunk_is_retried_from_it_and_applied
     """Two partitions share each chunk; an event of one fails twice under Redeliver. The
     reads that follow hand that partition only what follows its checkpoint, so every
     event is handled once (the failed one three times) and counted once."""
-    from streamapp.outcomes import Redeliver
-    from streamapp.partitioner import partition_for
+    from streamapp.failures.outcomes import Redeliver
     from streamapp.tables.store import RocksStore
+    from streamapp.topics import partition_for
 
     streams = [f"s{i}" for i in range(12)]
     assert {partition_for(s.encode(), 2) for s in streams} == {0, 1}

@@ -15,7 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from streamapp import App, Event, FromEventStore, Table, TableView, catchup_progress
+from streamapp import App, Event, FromEventStore, Table, TableView
+from streamapp.catchup import progress as catchup_progress
 from streamapp.eventstore import Append, open_store
 from streamapp.worker import Worker
 from tests.support.waits import frozen, until

@@ -11,11 +11,11 @@ import orjson
 from aiokafka.record.control_record import ABORT_MARKER, COMMIT_MARKER, ControlRecord
 
 from streamapp import Table
-from streamapp.kafka.changelog_read import Batch, committed_batches
 from streamapp.tables import changelog
 from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
+from streamapp.transports.kafka.changelog_read import Batch, committed_batches
 
 TABLE: Table[str] = Table("status")
 

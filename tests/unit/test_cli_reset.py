@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from streamapp.cli import main
 from streamapp.eventstore import open_store
-from streamapp.settings import Settings
+from streamapp.settings.settings import Settings
 from streamapp.tables.store import rocks_opener
 
 APP = "tests.apps.reset_world:app"
@@ -158,7 +158,7 @@ def test_the_embedded_worker_lock_refuses_naming_its_holder(data: Path, tmp_path
     async def held() -> Result:
         store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
         try:
-            async with store.worker_lock("rw"):  # what a store-only worker holds
+            async with store.worker_lock("rw"):  # what an embedded worker holds
                 return await asyncio.to_thread(reset, "--data-dir", str(data), "--yes")
         finally:
             await store.close()
@@ -173,7 +173,7 @@ def test_the_embedded_worker_lock_refuses_naming_its_holder(data: Path, tmp_path
 
 
 def test_the_plan_names_changelogs_on_kafka_and_hides_passwords(data: Path) -> None:
-    from streamapp.reset import plan_reset
+    from streamapp.cli.reset import plan_reset
     from tests.apps.reset_world import app
 
     settings = Settings(

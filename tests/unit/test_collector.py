@@ -8,8 +8,8 @@ import gc
 import pytest
 
 from streamapp import ConfigError
-from streamapp.engine.collector import tune_collector
-from streamapp.settings import Settings
+from streamapp.settings.settings import Settings
+from streamapp.worker import tune_collector
 
 
 def test_the_threshold_is_set_for_the_worker_and_put_back_after() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from streamapp import App, Event, PublishError, Send, Table, TableView
-from streamapp.agent import Agent
+from streamapp.agents.agent import Agent
 from streamapp.codecs import kafka as codec
 from streamapp.engine.factory import TaskFactory
 from streamapp.engine.interfaces import Committed

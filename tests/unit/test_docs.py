@@ -24,7 +24,7 @@ import click
 import pytest
 
 from streamapp.cli import main as cli_main
-from streamapp.settings import Settings
+from streamapp.settings.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

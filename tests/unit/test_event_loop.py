@@ -10,8 +10,8 @@ import pytest
 import uvloop
 
 from streamapp import ConfigError
-from streamapp.loop import run
-from streamapp.settings import Settings
+from streamapp.settings.event_loop import run
+from streamapp.settings.settings import Settings
 
 
 async def _loop_type() -> type[asyncio.AbstractEventLoop]:

@@ -24,7 +24,7 @@ from streamapp.eventstore import (
     open_store,
     parse_url,
 )
-from streamapp.eventstore.sqlite import SqliteEventStore, _same_file
+from streamapp.eventstore.sqlite.store import SqliteEventStore, _same_file
 
 
 def ev(stream: str, n: int = 0, version: int | None = None, **ext: str) -> Event:

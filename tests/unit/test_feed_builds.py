@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from streamapp import Event
-from streamapp.catchup import StoreFeed
+from streamapp.catchup.feed import StoreFeed
 from streamapp.engine.attempts import Attempts
 from streamapp.eventstore import Append, open_store
 from streamapp.records import Delivery

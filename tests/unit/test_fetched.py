@@ -15,13 +15,13 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
 
-from streamapp.kafka.fetched import (
+from streamapp.records import DeliveryRecord
+from streamapp.transports.kafka.fetched import (
     _DeliveryRecords,
     as_deliveries,
     deliver_records,
     position_of,
 )
-from streamapp.records import DeliveryRecord
 
 TP = TopicPartition("orders", 3)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamapp.errors import ConfigError
-from streamapp.settings import Settings
+from streamapp.settings.settings import Settings
 from streamapp.web.forwarder import ForwarderSnapshot, render
 
 

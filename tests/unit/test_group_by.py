@@ -15,10 +15,9 @@ from streamapp import App, ConfigError, Event, FromEventStore, Park, Table, Tabl
 from streamapp.cli import main
 from streamapp.codecs import kafka as codec
 from streamapp.engine.assignment import Assignment
-from streamapp.memory import MemoryBroker, StuckRecordsError
-from streamapp.outcomes import Outcome
-from streamapp.partitioner import partition_for
-from streamapp.topics import TopicRole
+from streamapp.failures.outcomes import Outcome
+from streamapp.testing import MemoryBroker, StuckRecordsError
+from streamapp.topics import TopicRole, partition_for
 from streamapp.worker import Worker
 
 

@@ -7,12 +7,12 @@ import pytest
 from streamapp import App, Event, Outcome, Park, Redeliver, Table, TableView
 from streamapp.engine.hold import HELD_PLACE, HELD_STREAM
 from streamapp.errors import ConfigError
-from streamapp.memory import MemoryBroker
-from streamapp.outcomes import check_policy
+from streamapp.failures.outcomes import check_policy
 from streamapp.tables.changelog import RestoreChunk, records
 from streamapp.tables.held import HeldStream
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
+from streamapp.testing import MemoryBroker
 
 
 def _bank(policy: Park | Redeliver) -> tuple[App, MemoryBroker]:

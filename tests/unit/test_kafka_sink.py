@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from streamapp import ConfigError
-from streamapp.kafka.sink import KafkaSink, producer_config
+from streamapp.transports.kafka.sink import KafkaSink, producer_config
 
 
 def test_durable_options_are_filled_in() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from streamapp import Event, FromEventStore, Table, TableView
-from streamapp.agent import Agent
-from streamapp.catchup import StoreFeed
+from streamapp.agents.agent import Agent
+from streamapp.catchup.feed import StoreFeed
 from streamapp.codecs import kafka as codec
 from streamapp.engine.phase import Phase
 from streamapp.errors import PhaseTransitionError

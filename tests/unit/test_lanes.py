@@ -11,9 +11,9 @@ import pytest
 from streamapp import App, ConfigError, Event, Park, ReadView, Redeliver, Table, TableView
 from streamapp.engine.assignment import Assignment
 from streamapp.errors import TableUnavailableError
-from streamapp.kafka.port import offset_metadata, parse_metadata
-from streamapp.kafka.source import transactional_id
-from streamapp.memory import MemoryBroker, StuckRecordsError
+from streamapp.testing import MemoryBroker, StuckRecordsError
+from streamapp.transports.kafka.port import offset_metadata, parse_metadata
+from streamapp.transports.kafka.source import transactional_id
 
 
 def _ev(name: str, sid: str = "s", type: str = "x") -> Event:

@@ -25,18 +25,23 @@ ROOT = Path(streamapp.__file__).parent
 LAZY_STREAMAPP = {
     "streamapp.cli": (
         (
-            *("streamapp.worker", "streamapp.reset", "streamapp.retire", "streamapp.forwarder"),
+            *(
+                "streamapp.worker",
+                "streamapp.cli.reset",
+                "streamapp.cli.retire",
+                "streamapp.catchup.forwarder",
+            ),
             *("streamapp.web.forwarder", "streamapp.eventstore"),
         ),
         "a command loads only the runner it uses (the command line starts fast); transports "
-        "come through streamapp.transport's registry, which imports only the one picked",
+        "come through streamapp.transports.base's registry, which imports only the one picked",
     ),
-    "streamapp.reset": (
+    "streamapp.cli.reset": (
         ("streamapp.eventstore",),
         "the event store is opened only to hold its worker lock (STREAMAPP_BROKER=none)",
     ),
     "streamapp.eventstore": (
-        ("streamapp.eventstore.postgres", "streamapp.eventstore.sqlite"),
+        ("streamapp.eventstore.postgres.store", "streamapp.eventstore.sqlite.store"),
         "open() loads only the backend its URL names (PostgreSQL needs the postgres extra)",
     ),
 }
@@ -233,7 +238,7 @@ def test_the_checks_see_a_lazy_import_that_closes_a_cycle() -> None:
 
 
 USER_ERRORS_ELSEWHERE = {
-    "streamapp.memory.broker.StuckRecordsError": "the memory broker's test report: it "
+    "streamapp.testing.broker.StuckRecordsError": "the memory broker's test report: it "
     "carries the broker's StuckRecord values; importable from streamapp.memory",
 }
 

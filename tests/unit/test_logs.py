@@ -11,8 +11,8 @@ import pytest
 
 from streamapp import App, ConfigError, Event, Settings, logs
 from streamapp.logs import Gate, JsonFormatter, Throttle
-from streamapp.memory import MemoryBroker, StuckRecordsError
-from streamapp.partitioner import partition_for
+from streamapp.testing import MemoryBroker, StuckRecordsError
+from streamapp.topics import partition_for
 
 
 def _record(msg: str) -> logging.LogRecord:
@@ -45,13 +45,19 @@ def test_json_lines_carry_the_traceback() -> None:
         raise ValueError("bad value 7")
     except ValueError:
         record = logging.LogRecord(
-            "streamapp.agent", logging.WARNING, __file__, 1, "failed %s", ("x",), sys.exc_info()
+            "streamapp.agents.agent",
+            logging.WARNING,
+            __file__,
+            1,
+            "failed %s",
+            ("x",),
+            sys.exc_info(),
         )
     line = JsonFormatter().format(record)
     body = orjson.loads(line)
     assert "\n" not in line
     assert body["level"] == "WARNING"
-    assert body["logger"] == "streamapp.agent"
+    assert body["logger"] == "streamapp.agents.agent"
     assert body["message"] == "failed x"
     assert "ValueError: bad value 7" in body["traceback"]
     assert body["time"].endswith("+00:00")

@@ -13,8 +13,8 @@ import pytest
 
 from streamapp import App, ConfigError, Event, Park, Send, Settings, Table, TableView
 from streamapp.engine.stall import Stall, StallWatch
-from streamapp.memory import MemoryBroker
 from streamapp.tables.store import RocksStore, reads_from_thread
+from streamapp.testing import MemoryBroker
 
 
 class Reports:

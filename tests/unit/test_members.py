@@ -5,14 +5,14 @@ from __future__ import annotations
 import orjson
 
 from streamapp.engine.assignment import Assignment
-from streamapp.kafka.members import (
+from streamapp.transports.kafka.members import (
     Claim,
     Generation,
     KafkaMembers,
     parse_claim,
     stable_member_ids,
 )
-from streamapp.version_states import Declared, MemberTables
+from streamapp.versions.states import Declared, MemberTables
 from tests.support.doubles import RecordingPublisher as Published
 from tests.support.webworld import orders_app
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamapp import ConfigError, Settings
-from streamapp.tables.memory import MAX_WRITE_BUFFER, RocksMemory, rocks_memory
+from streamapp.tables.rocksdb.cache import MAX_WRITE_BUFFER, RocksMemory, rocks_memory
 from streamapp.tables.store import RocksStore, rocks_opener
 from streamapp.web.metrics import WorkerMetrics
 

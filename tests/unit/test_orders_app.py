@@ -6,7 +6,7 @@ from collections import Counter
 
 from agents.orders import app, project_order_status
 from streamapp import Event, Outcome, Park
-from streamapp.memory.broker import MemoryBroker
+from streamapp.testing.broker import MemoryBroker
 
 PARKED = "orders.parked"
 REASON = "streamapp-park-reason"

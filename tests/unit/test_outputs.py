@@ -9,9 +9,8 @@ import pytest
 
 from streamapp import App, ConfigError, Event, Park, Redeliver, Send, Table, TableView
 from streamapp.codecs import kafka as codec
-from streamapp.memory import MemoryBroker, StuckRecordsError
-from streamapp.partitioner import partition_for
-from streamapp.topics import TopicRole
+from streamapp.testing import MemoryBroker, StuckRecordsError
+from streamapp.topics import TopicRole, partition_for
 
 
 def _derived(event: Event, suffix: str = "d") -> Event:

@@ -11,8 +11,8 @@ from aiokafka import TopicPartition
 
 from streamapp.engine.lease import Lease
 from streamapp.errors import FencedError, PublishError
-from streamapp.kafka.transaction import KafkaTransaction
-from streamapp.rabbitmq.lease import EchoLease
+from streamapp.transports.kafka.transaction import KafkaTransaction
+from streamapp.transports.rabbitmq.lease import EchoLease
 from streamapp.web.tables import STALE_HEADER
 from streamapp.web.views import make_app
 from tests.support.webworld import World, order, orders_app

@@ -1,7 +1,7 @@
 """A topic names its producers' partitioner (``app.topic(..., partitioner=...)``): the
 table write check, view routing and sends place its keys by it, and a key that came on
 another partition than the topic's partitioner gives is an error that names both
-partitions, the partitioner and the setting (:mod:`streamapp.partitioner`). That
+partitions, the partitioner and the setting (:mod:`streamapp.topics`). That
 librdkafka's producer picks the partition ``crc32`` gives is checked against a real
 confluent-kafka producer in ``tests/integration/test_librdkafka_partitioner.py``."""
 
@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 
 from streamapp import App, Event, FromEventStore, Outcome, Park, Table, TableView
-from streamapp.agent import Agent
-from streamapp.catchup import StoreFeed
+from streamapp.agents.agent import Agent
+from streamapp.catchup.feed import StoreFeed
 from streamapp.errors import ConfigError, ForeignKeyError
 from streamapp.eventstore import Append, open_store
-from streamapp.memory import MemoryBroker
-from streamapp.partitioner import Partitioner, partition_for
 from streamapp.tables.partition import PartitionTables, spaces_for
 from streamapp.tables.store import MemoryStore
-from streamapp.topics import TopicSpec
+from streamapp.testing import MemoryBroker
+from streamapp.topics import Partitioner, TopicSpec, partition_for
 from tests.support.doubles import MemoryPort
 from tests.support.tasks import feed_factory, until_live
 

@@ -10,7 +10,7 @@ import pytest
 
 from streamapp import AgentRefusedError, App, Event, Refuse, Table, TableView
 from streamapp.engine.phase import TRANSITIONS, Phase, PhaseTransitionError, check_transition
-from streamapp.memory import MemoryBroker
+from streamapp.testing import MemoryBroker
 
 EXPECTED: dict[Phase, set[Phase]] = {
     Phase.RESTORING: {

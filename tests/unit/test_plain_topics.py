@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from streamapp import App, Event, FromEventStore, Outcome, Park, Table, TableView
 from streamapp.codecs import plain
 from streamapp.errors import ConfigError, DecodeError
-from streamapp.memory import MemoryBroker
 from streamapp.records import DeliveryRecord
+from streamapp.testing import MemoryBroker
 from streamapp.topics import TopicFormat, TopicSpec
 
 

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from streamapp import Event, FromEventStore, Table, TableView
-from streamapp.agent import Agent
-from streamapp.catchup import StoreFeed
+from streamapp.agents.agent import Agent
+from streamapp.catchup.feed import StoreFeed
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
 from streamapp.errors import APP_REF, StateMismatchError, StoreFormatError

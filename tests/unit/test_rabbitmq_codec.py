@@ -10,7 +10,7 @@ import pytest
 
 from streamapp import DecodeError, Event
 from streamapp.codecs.amqp import decode, encode
-from streamapp.rabbitmq.wire import KEY_HEADER, from_message, to_message, to_properties
+from streamapp.transports.rabbitmq.wire import KEY_HEADER, from_message, to_message, to_properties
 
 REQUIRED = [
     ("cloudEvents_id", b"evt-1"),

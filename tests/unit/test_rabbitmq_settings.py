@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamapp import App, ConfigError, Event, Settings
-from streamapp.rabbitmq.pinned import StaticMembership
+from streamapp.transports.rabbitmq.pinned import StaticMembership
 
 
 def test_rabbitmq_settings_from_env() -> None:

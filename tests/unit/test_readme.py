@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from streamapp import App, Event
-from streamapp.memory import MemoryBroker
+from streamapp.testing import MemoryBroker
 from tests.unit.test_docs import PAGES, PYTHON, ROOT
 
 BLOCKS = [b.code for b in PYTHON]

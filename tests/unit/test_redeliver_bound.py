@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from streamapp import App, ConfigError, Event, Outcome, Park, Redeliver, Settings, Table, TableView
-from streamapp.agent import Agent
+from streamapp.agents.agent import Agent
 from streamapp.codecs import kafka as codec
 from streamapp.engine.attempts import Attempts
+from streamapp.engine.backoff import doubled
 from streamapp.engine.lane import Lane, run_lanes
-from streamapp.engine.pace import doubled
 from streamapp.engine.task_config import TaskConfig
-from streamapp.memory import MemoryBroker, StuckRecordsError
 from streamapp.records import Delivery, DeliveryRecord
+from streamapp.testing import MemoryBroker, StuckRecordsError
 from streamapp.topics import TopicSpec
 
 PARKED = "in.parked"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamapp import App, ConfigError, Event, Table, TableView, TopicSpec
-from streamapp.memory import MemoryBroker
+from streamapp.testing import MemoryBroker
 
 A: Table[Any] = Table("a")
 B: Table[Any] = Table("b")

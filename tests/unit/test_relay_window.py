@@ -3,7 +3,7 @@ offsets, and the commit offset never passes a copy not yet republished."""
 
 from __future__ import annotations
 
-from streamapp.engine.window import DueWindow
+from streamapp.transports.kafka.window import DueWindow
 
 
 def test_due_copies_come_out_in_due_order_and_the_commit_stops_at_the_first_held() -> None:

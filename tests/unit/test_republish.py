@@ -1,5 +1,5 @@
-"""What ``parked replay`` and ``dlq replay`` send back (:mod:`streamapp.republish`), and the
-options they refuse before reaching a broker. The brokers' side is
+"""What ``parked replay`` and ``dlq replay`` send back (:mod:`streamapp.failures.republish`),
+and the options they refuse before reaching a broker. The brokers' side is
 ``tests/integration/test_parked_replay_kafka.py`` and ``..._rabbitmq.py``."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from streamapp import Event, ReplayError
 from streamapp.cli import main
 from streamapp.codecs import kafka as codec
 from streamapp.engine.delivery import park_headers
-from streamapp.outcomes import Retry
-from streamapp.records import DeliveryRecord, Message
-from streamapp.republish import (
+from streamapp.failures.outcomes import Retry
+from streamapp.failures.republish import (
     REPLAYED,
     Held,
     Offsets,
@@ -24,7 +23,8 @@ from streamapp.republish import (
     replay,
     stripped,
 )
-from streamapp.retry_chain import dead_letter
+from streamapp.failures.retry_chain import dead_letter
+from streamapp.records import DeliveryRecord, Message
 
 TOPICS = frozenset({"orders"})
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 
 from streamapp import App, Event
-from streamapp import retry_chain as chain
+from streamapp.agents.outputs import Outbox, Send
 from streamapp.codecs import amqp as amqp_codec
 from streamapp.codecs.kafka import encode
 from streamapp.errors import OutputError, PublishError, ReservedNameError
 from streamapp.events import SPECVERSION
-from streamapp.kafka.sink import KafkaSink
-from streamapp.outputs import Outbox, Send
-from streamapp.rabbitmq.sink import RabbitSink
-from streamapp.reserved import CHAIN, Stamped
-from streamapp.settings import Settings
+from streamapp.failures import retry_chain as chain
+from streamapp.records import CHAIN, Stamped
+from streamapp.settings.settings import Settings
+from streamapp.transports.kafka.sink import KafkaSink
+from streamapp.transports.rabbitmq.sink import RabbitSink
 
 RESERVED = ["ce_tenant", "CE_Tenant", "cloudEvents_tenant", "cloudEvents:tenant"]
 RESERVED += ["x-reconsume", "x-retry-hop", "x-deliver-at", "x-origin-topic", "x-origin"]

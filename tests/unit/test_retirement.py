@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamapp import App, ConfigError, Event, RetireRefusedError, Table, TableView
+from streamapp.cli.retire import check
 from streamapp.eventstore import open_store
-from streamapp.retire import check
-from streamapp.retired import is_retired
-from streamapp.retirement import (
+from streamapp.tables.store import RocksStore
+from streamapp.versions.ledger import (
     LedgerState,
     Retirement,
     RetirementWatch,
@@ -28,7 +28,7 @@ from streamapp.retirement import (
     local_stores,
     parse_label,
 )
-from streamapp.tables.store import RocksStore
+from streamapp.versions.retired import is_retired
 
 NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.-0123456789@v", min_size=1, max_size=20)
 
@@ -177,7 +177,7 @@ async def test_a_worker_whose_code_declares_a_retired_version_refuses_to_start(
 def test_a_data_directory_says_what_it_holds_and_a_retire_names_the_others(
     tmp_path: Path,
 ) -> None:
-    from streamapp.retire import _elsewhere
+    from streamapp.cli.retire import _elsewhere
 
     store(tmp_path / "here", "status_v1", 0, "order_status")
     store(tmp_path / "there", "status_v1", 0, "order_status")

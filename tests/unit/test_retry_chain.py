@@ -18,8 +18,8 @@ from streamapp.codecs import kafka as codec
 from streamapp.engine.attempts import Attempts
 from streamapp.engine.lane import Lane, run_lanes
 from streamapp.errors import OutputError
-from streamapp.memory import MemoryBroker
 from streamapp.records import DeliveryRecord
+from streamapp.testing import MemoryBroker
 from streamapp.topics import TopicRole
 
 FAST = Retry(intervals=(0.1, 0.5), backoff=(1, 5))
@@ -149,8 +149,8 @@ def test_backoff_beyond_the_table_keeps_the_last_value() -> None:
 
 
 def test_the_retry_chain_runs_on_rabbitmq_and_is_refused_without_a_broker() -> None:
-    from streamapp.rabbitmq.topology import plans
-    from streamapp.settings import Settings
+    from streamapp.settings.settings import Settings
+    from streamapp.transports.rabbitmq.topology import plans
     from streamapp.worker import Worker
 
     app = _app(Retry(), Counter())

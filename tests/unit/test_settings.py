@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from streamapp import App, Backoff, ConfigError, Settings
-from streamapp.settings import NOT_SETTINGS
+from streamapp.settings.settings import NOT_SETTINGS
 
 
 def test_defaults_are_valid() -> None:

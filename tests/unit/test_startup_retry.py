@@ -10,8 +10,8 @@ from aiokafka.errors import KafkaConnectionError
 
 from streamapp import Backoff, ConfigError, MissingTopicError, Settings
 from streamapp.errors import BrokerUnavailableError, SourceError
-from streamapp.kafka.connection import with_startup_retry
-from streamapp.startup import retry_startup
+from streamapp.transports.kafka.connection import with_startup_retry
+from streamapp.transports.startup import retry_startup
 
 SETTINGS = Settings(app_id="a", startup_retry=Backoff(attempts=4, initial_s=0.001, max_s=0.001))
 

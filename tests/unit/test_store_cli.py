@@ -13,7 +13,7 @@ from streamapp import Event
 from streamapp.cli import main
 from streamapp.codecs.structured import to_json
 from streamapp.eventstore.lines import LinesReport, append_lines
-from streamapp.eventstore.sqlite import SqliteEventStore
+from streamapp.eventstore.sqlite.store import SqliteEventStore
 
 APP = "agents.orders:app"
 
@@ -144,7 +144,7 @@ def test_bad_store_url_names_the_setting() -> None:
 
 
 def test_parked_prints_json_lines_in_park_order(env: dict[str, str]) -> None:
-    """``store parked`` prints what a store-only worker parked: text when UTF-8, else
+    """``store parked`` prints what an embedded worker parked: text when UTF-8, else
     base64, so the bytes can be recovered exactly; the app's Park destination by default."""
     import asyncio
 

@@ -10,7 +10,7 @@ import pytest
 
 from streamapp import App, Event, Table, TableView
 from streamapp.errors import ConfigError
-from streamapp.memory import MemoryBroker
+from streamapp.testing import MemoryBroker
 
 
 def _app() -> tuple[App, Any, Table[int]]:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamapp import App, ConfigError, Event, Table, TableView
-from streamapp.agent import Agent
+from streamapp.agents.agent import Agent
 from streamapp.codecs import kafka as codec
 from streamapp.engine.factory import TaskFactory
 from streamapp.engine.task_config import TaskConfig

@@ -9,7 +9,6 @@ import pytest
 
 from streamapp import Table
 from streamapp.errors import ForeignKeyError, StoreFormatError
-from streamapp.partitioner import partition_for
 from streamapp.tables import changelog
 from streamapp.tables.checkpoint import Checkpoint
 from streamapp.tables.partition import (
@@ -21,7 +20,7 @@ from streamapp.tables.partition import (
     spaces_for,
 )
 from streamapp.tables.store import MemoryStore
-from streamapp.topics import TopicSpec
+from streamapp.topics import TopicSpec, partition_for
 
 
 @pytest.fixture

@@ -11,16 +11,17 @@ from pathlib import Path
 import pytest
 
 from streamapp import App, ConfigError, Event, Park, Retry, Send
-from streamapp.memory import transport as memory
-from streamapp.outcomes import FailurePolicy
-from streamapp.settings import BROKERS
-from streamapp.transport import Capabilities, refuse_unsupported, transports
+from streamapp.failures.outcomes import FailurePolicy
+from streamapp.settings.settings import BROKERS
+from streamapp.testing import transport as memory
+from streamapp.transports.base import Capabilities, refuse_unsupported, transports
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "streamapp"
 REGISTRY = {
-    PACKAGE / "transport.py",
-    *(PACKAGE / d / "transport.py" for d in ("kafka", "rabbitmq", "storeonly", "memory")),
+    PACKAGE / "transports" / "base.py",
+    PACKAGE / "testing" / "transport.py",
+    *(PACKAGE / "transports" / d / "transport.py" for d in ("kafka", "rabbitmq", "embedded")),
 }
 """The only modules that may name a broker in a comparison."""
 
@@ -95,8 +96,8 @@ def test_an_unknown_broker_names_the_setting_and_the_choices() -> None:
 def test_picking_kafka_imports_no_rabbitmq_client() -> None:
     code = (
         "import sys\n"
-        "import streamapp.worker, streamapp.cli, streamapp.reset\n"
-        "from streamapp.transport import transports\n"
+        "import streamapp.worker, streamapp.cli, streamapp.cli.reset\n"
+        "from streamapp.transports.base import transports\n"
         "transports['kafka'].capabilities\n"
         "print(sorted(m for m in ('aio_pika', 'aiormq') if m in sys.modules))\n"
         "transports['none'].capabilities\n"
@@ -178,7 +179,7 @@ def test_what_each_transport_can_run() -> None:
     assert {n for n, c in table.items() if c.sends} == {"kafka", "rabbitmq", "memory"}
     assert {n for n, c in table.items() if c.group_by_refused is None} == {"kafka", "memory"}
     assert {n for n, c in table.items() if c.changelog} == {"kafka"}
-    assert {n for n, c in table.items() if c.store_only} == {"none"}
+    assert {n for n, c in table.items() if c.embedded} == {"none"}
 
 
 def test_a_park_policy_runs_everywhere() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from aiokafka.producer import sender
 
-from streamapp.kafka.txn_backoff import (
+from streamapp.transports.kafka.txn_backoff import (
     CONCURRENT_TRANSACTIONS_BACKOFF_S,
     shorten_concurrent_transactions_backoff,
 )

@@ -1,4 +1,4 @@
-"""Typed events (:mod:`streamapp.typed`): lazy decoding into models, upcaster chains,
+"""Typed events (:mod:`streamapp.agents.typed`): lazy decoding into models, upcaster chains,
 unknown types, pydantic models, typed sends, and what mypy strict sees in a handler."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pydantic
 import pytest
 
 from streamapp import App, Event, EventTypes, Outcome, Park, Send, Table, TableView
+from streamapp.agents.typed import schema_version
 from streamapp.errors import ConfigError, DataError
-from streamapp.memory import MemoryBroker
-from streamapp.typed import schema_version
+from streamapp.testing import MemoryBroker
 
 ROOT = Path(__file__).resolve().parents[2]
 

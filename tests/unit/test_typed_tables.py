@@ -10,18 +10,18 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from streamapp import App, Event, Table, TableView
-from streamapp.agent import Agent
+from streamapp.agents.agent import Agent
 from streamapp.codecs import kafka as codec
 from streamapp.engine.factory import TaskFactory
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
 from streamapp.engine.task_config import TaskConfig
 from streamapp.errors import StateMismatchError
-from streamapp.memory import MemoryBroker
 from streamapp.records import Delivery
 from streamapp.tables.partition import CHECKPOINT_KEY, META, spaces_for
 from streamapp.tables.store import MemoryStore
 from streamapp.tables.table import StructCodec
+from streamapp.testing import MemoryBroker
 from streamapp.topics import TopicSpec
 from streamapp.web.views import make_app
 from tests.support.doubles import MemoryPort

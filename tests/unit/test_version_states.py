@@ -1,4 +1,4 @@
-"""Table version states from a members directory snapshot (streamapp.version_states)."""
+"""Table version states from a members directory snapshot (streamapp.versions.states)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamapp.version_states import (
+from streamapp.versions.states import (
     Declared,
     MemberTables,
     Progress,

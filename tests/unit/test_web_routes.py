@@ -1,4 +1,4 @@
-"""The version states key lookups keep between requests (:mod:`streamapp.web.routes`):
+"""The version states key lookups keep between requests (:mod:`streamapp.web.versions`):
 computed once while nothing changes, computed again as soon as any input does. Each
 test would fail if a lookup answered from what was kept before the change."""
 
@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from streamapp import retired
 from streamapp.engine.phase import Phase
-from streamapp.version_states import Declared, MemberTables
-from streamapp.web.routes import VersionRoutes
+from streamapp.versions import retired
+from streamapp.versions.states import Declared, MemberTables
+from streamapp.web.versions import VersionRoutes
 from streamapp.web.views import make_app
 from tests.support.webworld import World, order, versions_app
 

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from streamapp import App
 from streamapp.errors import ConfigError
-from streamapp.settings import Settings
+from streamapp.settings.settings import Settings
 from streamapp.web import scan as web_scan
 from streamapp.web.views import make_app
 from tests.support.webworld import World, order, orders_app

@@ -21,10 +21,10 @@ from ...errors import (
     StoreFormatError,
     StoreLockedError,
 )
-from ...settings import DEFAULT_MEMORY_LIMIT_MB, Settings
+from ...settings.settings import DEFAULT_MEMORY_LIMIT_MB, Settings
 from ..base import Changes, OnDamage, Reader, Store
-from ..memory import RocksMemory, rocks_memory
-from ..status import status_of, store_error
+from .cache import RocksMemory, rocks_memory
+from .status import status_of, store_error
 
 log = logging.getLogger("streamapp.tables")
 
@@ -69,7 +69,7 @@ class RocksStore:
     RocksDB's own memory (block cache, memtables) is ``memory``, shared by every store
     of the process (default: that of the default ``memory_limit_mb``).
 
-    RocksDB's errors become typed errors here (:mod:`streamapp.tables.status`). At open,
+    RocksDB's errors become typed errors here (:mod:`streamapp.tables.rocksdb.status`). At open,
     RocksDB checks every SST file's size against the manifest and reads its footer and
     index (``paranoid_checks``, every file open): a truncated file or a damaged index is
     :class:`~streamapp.errors.StoreCorruptError` then. Bit rot inside a data block shows

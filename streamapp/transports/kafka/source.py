@@ -1,0 +1,361 @@
+"""Kafka source: one consumer-group member that feeds the app's agents.
+
+The poll loop only fetches and hands deliveries to partition tasks; tasks process,
+commit and settle on their own with their partition paused, so a slow batch never keeps
+the loop from polling (heartbeats and ``max.poll.interval.ms`` stay safe) and a partition
+that restores or catches up never stalls the partitions that are live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.errors import KafkaError
+
+from ...agents.agent import Agent
+from ...app import App
+from ...codecs import kafka as codec
+from ...engine.assignment import Assignment
+from ...engine.factory import TaskFactory
+from ...engine.interfaces import TaskMetrics
+from ...engine.lease import Lease
+from ...engine.metrics import NO_METRICS
+from ...engine.parking import parker
+from ...engine.replay import HistoryFeed
+from ...engine.task import PartitionTask
+from ...engine.task_config import TaskConfig
+from ...errors import SourceError
+from ...events import Event
+from ...failures.outcomes import Retry
+from ...records import Delivery
+from ...settings.settings import Settings
+from ...tables.store import Store, rocks_opener
+from ...topics import TopicSpec
+from .commits import FLUSH_TIMEOUT_S, OffsetCommits
+from .connection import with_startup_retry
+from .fetched import as_deliveries, deliver_records, position_of
+from .lease import HeartbeatLease
+from .members import Generation
+from .port import KafkaPartitionPort
+from .sink import KafkaSink
+from .topology import check_new_lanes, check_topics, delete_retention_ms
+from .transaction import KafkaTransaction
+from .txn_backoff import shorten_concurrent_transactions_backoff
+
+log = logging.getLogger("streamapp.kafka")
+POLL_STOP_GRACE_S = 2.0
+"""How long past one poll a stop waits for the poll loop before cancelling it."""
+
+
+def decode(delivery: Delivery) -> Event:
+    return codec.decode(delivery.key, delivery.value, delivery.headers)
+
+
+def decode_bytes(delivery: Delivery) -> Event:
+    return codec.decode(delivery.key, delivery.value, delivery.headers, parse_json=False)
+
+
+class KafkaSource:
+    """Consumes every agent's source topic as one member of the app's group.
+
+    One partition task per (topic, partition) runs every agent of the topic. Its commits
+    are Kafka transactions (changelogs, derived events, retry-chain copies, and the offset
+    when an agent has no tables and so no checkpoint) when an agent of the topic has
+    tables, sends derived events or uses ``Retry``; the other offset commits go out
+    coalesced (:mod:`streamapp.transports.kafka.commits`), once the batch is durable. Partitions
+    are assigned round robin, or by range when an agent reads another's table: range
+    gives partition ``p`` of every topic with the same partition count to the same
+    member (co-partitioning; every member subscribes to every topic).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        settings: Settings,
+        sink: KafkaSink,
+        app_ref: str,
+        history: HistoryFeed | None = None,
+        metrics: TaskMetrics = NO_METRICS,
+    ) -> None:
+        self.app, self.settings, self.sink, self.app_ref = app, settings, sink, app_ref
+        shorten_concurrent_transactions_backoff()  # batches follow each other at once
+        self.history, self.metrics = history, metrics
+        self.assignment = Assignment(app)
+        self.lease = self.assignment.lease = Lease(settings.owner_lease())
+        """Confirmed by heartbeats of this worker's generation (:mod:`.lease`)."""
+        self._heartbeats = HeartbeatLease(
+            settings.kafka_bootstrap, settings.group_id, self.lease, lambda: self.generation
+        )
+        self._topics = app.sources
+        self._factory = TaskFactory(
+            config=TaskConfig.from_settings(settings),
+            decode=decode,
+            decode_bytes=decode_bytes,
+            park=lambda agent, name: parker(self.sink, agent, name),
+            history=history,
+            metrics=metrics,
+            encode=codec.encode,
+            locate=self.assignment.read_store,
+            on_fatal=self._fail,
+        )
+        self._retention: dict[str, int] = {}
+        self._admin: AIOKafkaAdminClient | None = None
+        assignor = RangePartitionAssignor if app.copartitioned else RoundRobinPartitionAssignor
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.kafka_bootstrap,
+            group_id=settings.group_id,
+            client_id=f"{settings.app_id}-worker",
+            enable_auto_commit=False,
+            auto_offset_reset=settings.auto_offset_reset,
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            rebalance_timeout_ms=settings.rebalance_timeout_ms,
+            isolation_level="read_committed",  # aborted upstream writes never reach agents
+            max_poll_records=settings.fetch_max_records,
+            max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
+            fetch_max_bytes=settings.fetch_max_bytes,
+            partition_assignment_strategy=(assignor,),
+        )
+        # A revoke flushes them within a quarter of the rebalance timeout (a batch in
+        # hand may take half of it).
+        self._commits = OffsetCommits(
+            self._consumer, min(FLUSH_TIMEOUT_S, settings.rebalance_timeout_ms / 4000)
+        )
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._suspended: dict[tuple[str, int], PartitionTask] = {}
+        """Tasks revoked by the rebalance in progress, kept open in case it hands their
+        partitions back (closed once the assignment is known)."""
+        self._failed: BaseException | None = None
+        self.generation: Generation | None = None
+        """The group generation of the current assignment (None during a rebalance):
+        what the views directory trusts (:mod:`streamapp.transports.kafka.members`)."""
+
+    async def start(self) -> None:
+        """Connect (with start-up retries), check topics, join the group, start polling."""
+        await with_startup_retry(  # a topic made meanwhile (topics create) is waited for
+            self.settings,
+            "topic check",
+            lambda: check_topics(self.app, self.settings, self.app_ref),
+        )
+        await check_new_lanes(self.app, self.settings, self.app_ref)
+        changelogs = [self.app.changelog_topic(a) for a in self.app.agents.values()]
+        self._retention = await delete_retention_ms(self.settings, [t for t in changelogs if t])
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await with_startup_retry(self.settings, "Kafka admin", admin.start)
+        self._admin = admin  # reads committed offsets with their metadata
+        await with_startup_retry(self.settings, "Kafka consumer", self._consumer.start)
+        await with_startup_retry(self.settings, "Kafka owner's lease", self._heartbeats.start)
+        deliver_records(self._consumer)  # no ConsumerRecord built per record
+        self._consumer.subscribe(list(self._topics), listener=_Listener(self))
+        self._loop_task = asyncio.create_task(self._poll_loop(), name="poll loop")
+
+    async def stop(self) -> None:
+        """Finish batches in hand, flush, commit, close stores, leave the group."""
+        self._stopping = True
+        if self._loop_task is not None:
+            # A poll ends within poll_timeout_ms, except while a rebalance is under way:
+            # aiokafka's getmany then waits for the assignment, however long it takes.
+            bound = self.settings.poll_timeout_ms / 1000 + POLL_STOP_GRACE_S
+            await asyncio.wait({self._loop_task}, timeout=bound)
+            if not self._loop_task.done():
+                log.warning("polling did not end within %.1fs (a rebalance?): cancelled", bound)
+                self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await self._release(list(self.assignment.tasks))
+        await self._close_suspended()
+        await self._commits.close()
+        await self._heartbeats.stop()
+        await self._consumer.stop()
+        await self._release(list(self.assignment.tasks))  # any taken during the leave
+        await self._close_suspended()
+        if self._admin is not None:
+            await self._admin.close()
+
+    async def wait(self) -> None:
+        """Until the poll loop ends (it raises when the consumer fails for good)."""
+        if self._loop_task is not None:
+            await self._loop_task
+        if self._failed is not None:
+            raise self._failed
+
+    def _fail(self, exc: BaseException) -> None:
+        """A partition cannot go on here (a task's :data:`~streamapp.engine.task.Fatal`):
+        polling ends, so the worker stops, and its consumer leaves the group at once,
+        handing the partition to another worker from its last commit."""
+        if self._failed is None:
+            self._failed = exc
+        self._stopping = True
+
+    async def _poll_loop(self) -> None:
+        consumer, tasks = self._consumer, self.assignment.tasks
+        while not self._stopping:
+            try:
+                fetched = await consumer.getmany(timeout_ms=self.settings.poll_timeout_ms)
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise SourceError(f"Kafka consumer failed: {exc!r}", retriable=False) from exc
+                log.warning("poll failed (%r); polling again", exc)
+                await asyncio.sleep(self.settings.poll_timeout_ms / 1000)
+                continue
+            for tp, records in fetched.items():
+                task = tasks.get((tp.topic, tp.partition))
+                if task is None:  # fetched before the listener made its task
+                    self._rewind_unowned(tp, position_of(records[0]))
+                elif task.accepting:
+                    task.feed(as_deliveries(records), prefetch=True)
+                elif task.queueing:  # fetched while its batch runs: the next batch
+                    task.ahead.add(as_deliveries(records))
+                else:
+                    task.dropped()
+
+    def _rewind_unowned(self, tp: TopicPartition, offset: int) -> None:
+        try:
+            self._consumer.seek(tp, offset)
+        except Exception as exc:  # not assigned any more: nothing to rewind
+            log.debug("%s[%d]: no rewind (%r)", tp.topic, tp.partition, exc)
+
+    def _acquire(self, assigned: Iterable[TopicPartition]) -> None:
+        if self._stopping:
+            return
+        for tp in assigned:
+            topic = self._topics.get(tp.topic)
+            if topic is None:
+                continue
+            key = (tp.topic, tp.partition)
+            kept = self._suspended.pop(key, None)
+            if kept is not None:
+                log.debug("assigned %s[%d] again: kept open", tp.topic, tp.partition)
+                self.assignment.tasks[key] = kept
+                kept.rejoin()
+                continue
+            log.debug("assigned %s[%d]", tp.topic, tp.partition)
+            task = self._task(topic, tp)
+            self.assignment.tasks[key] = task
+            task.start()
+
+    def _task(self, topic: TopicSpec, tp: TopicPartition) -> PartitionTask:
+        settings, app, p = self.settings, self.app, tp.partition
+        name = f"{tp.topic}[{p}]"
+        agents = app.agents_of(topic.name)
+        transaction = None
+        if any(a.tables or a.sinks or isinstance(a.on_failure, Retry) for a in agents):
+            transaction = KafkaTransaction(
+                settings.kafka_bootstrap,
+                transactional_id(app.id, topic.name, p),
+                tp,
+                settings.group_id,
+                app.changelog_topic,
+                timeout_s=settings.transaction_timeout_s,
+                stall_timeout_s=settings.restore_stall_timeout_s,
+                retention_ms=self._retention,
+                # revoked (the lease ended) or not assigned: never fence the owner
+                assigned=lambda: self.lease.term is not None and tp in self._consumer.assignment(),
+                unconfirmed=self.lease.reason,
+                settled=lambda: self._commits.settled(tp),
+            )
+        port = KafkaPartitionPort(
+            self._consumer,
+            tp,
+            settings.auto_offset_reset,
+            admin=self._admin,
+            group_id=settings.group_id,
+            commits=self._commits,
+        )
+
+        def open_store(agent: Agent, spaces: list[str]) -> Store:
+            return rocks_opener(settings, app.id, agent.name, p)(spaces)
+
+        return self._factory.create(
+            agents, p, port, name=name, open_store=open_store, transaction=transaction
+        )
+
+    async def revoked(self, revoked: set[TopicPartition]) -> None:
+        """The group took ``revoked`` away (the rebalance listener's first half): the
+        rebalance starts, the lease ends, their tasks are suspended, kept open."""
+        self.assignment.rebalancing = True
+        self.generation = None
+        self.lease.end()
+        await self._release(revoked, keep=True)
+
+    async def assigned(self, assigned: set[TopicPartition]) -> None:
+        """The group gave ``assigned`` (the rebalance listener's second half): the lease
+        begins with the new generation, their tasks start (or go on), the rest close."""
+        generation = current_generation(self._consumer)  # before any await
+        if generation is not None:  # the assignment confirms it (the group's SyncGroup)
+            self.lease.begin(generation, time.monotonic())
+        self._acquire(assigned)  # kept tasks it hands back go on from where they were
+        await self._close_suspended()
+        self.generation = generation
+        self.assignment.rebalancing = False
+
+    async def _release(
+        self, revoked: Iterable[tuple[str, int] | TopicPartition], *, keep: bool = False
+    ) -> None:
+        """Close the tasks of ``revoked``; with ``keep``, suspend those that can be kept
+        (see :meth:`PartitionTask.suspend`) until the assignment says where they go."""
+        tasks = self.assignment.tasks
+        keys = [(k[0], k[1]) for k in revoked]
+        taken = [(k, tasks.pop(k)) for k in keys if k in tasks]
+        closing = [task for _, task in taken]
+        if keep and not self._stopping:
+            kept = await asyncio.gather(*(t.suspend() for t in closing), return_exceptions=True)
+            for (key, task), ok in zip(taken, kept, strict=True):
+                if ok is True:
+                    self._suspended[key] = task
+            closing = [task for (_, task), ok in zip(taken, kept, strict=True) if ok is not True]
+        await self._close(closing)
+        await self._commits.flush()  # committed while the partitions are still ours
+
+    async def _close_suspended(self) -> None:
+        """Close the kept tasks the new assignment did not hand back."""
+        closing = list(self._suspended.values())
+        self._suspended.clear()
+        await self._close(closing)
+
+    async def _close(self, closing: list[PartitionTask]) -> None:
+        results = await asyncio.gather(*(t.close() for t in closing), return_exceptions=True)
+        for task, result in zip(closing, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("closing %s failed: %r", task.name, result)
+
+
+def transactional_id(app_id: str, topic: str, partition: int) -> str:
+    """The transactional id of a source partition's task: stable, so that the next owner
+    fences the previous one (one per input partition, PITFALLS.md)."""
+    return f"{app_id}-{topic}-{partition}"
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Runs in the group coordinator: awaits only self-contained work (see PITFALLS.md)."""
+
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.source.revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.source.assigned(assigned)
+
+
+def current_generation(consumer: AIOKafkaConsumer) -> Generation | None:
+    """The generation and member id of ``consumer``'s assignment, read in the assignment
+    callback. aiokafka keeps them on its group coordinator only (``generation``,
+    ``member_id``, set by the JoinGroup it completed), with no public accessor."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    number = getattr(coordinator, "generation", None)
+    member_id = getattr(coordinator, "member_id", None)
+    if not isinstance(number, int) or number < 0 or not isinstance(member_id, str):
+        log.warning("the group generation is not known: views do not forward until it is")
+        return None
+    return Generation(number, member_id)
