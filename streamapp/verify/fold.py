@@ -133,14 +133,18 @@ async def fold(
     key: str,
     *,
     as_of: int | None = None,
+    through_version: int | None = None,
     embedded: bool = False,
 ) -> Fold:
     """Fold ``key``'s stream from ``store`` through ``table``'s agent, up to store
-    position ``as_of`` (its whole stream when None; ``embedded``: see :func:`writer_of`)."""
+    position ``as_of`` and stream version ``through_version`` (its whole stream when
+    None; ``embedded``: see :func:`writer_of`)."""
     agent = writer_of(app, table, embedded=embedded)
     stored = await store.read_stream(key)
     if as_of is not None:
         stored = [e for e in stored if e.position <= as_of]
+    if through_version is not None:
+        stored = [e for e in stored if e.version <= through_version]
     if len(stored) > MAX_EVENTS:
         raise ConfigError(
             f"stream {key!r} has {len(stored):,} events: more than {MAX_EVENTS:,} are not "

@@ -1,11 +1,16 @@
-"""``?explain=1`` and ``?as_of=POSITION`` on a running worker of the reference orders app
-(embedded mode on SQLite: the store is its source): the events listed are the store's
+"""``?explain=1``, ``?as_of=POSITION`` and ``streamapp verify`` on a running worker (the
+reference orders app, and tests/apps/verify_app.py for verify; embedded mode on SQLite:
+the store is its source): the events listed are the store's
 events of the key's stream, the value folded is the one the live view serves, and a
 value ``as_of`` a store position is the one the live view served when the worker had
-applied the store up to it (observed then, not computed by the test)."""
+applied the store up to it (observed then, not computed by the test); ``verify`` finds
+the live table equal to its rebuild, and every stream with a payment different once
+the handler changed between the worker and the verify run."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +18,33 @@ import aiohttp
 import pytest
 
 from streamapp.eventstore import open_store
+from streamapp.topics import partition_for
+from tests.support.waits import until
 
-from .harness import WorkerProc, append_to_store, order_events, wait_exact, wait_ready
+from .harness import (
+    ROOT,
+    WorkerProc,
+    app_env,
+    append_to_store,
+    order_events,
+    streamapp_cmd,
+    wait_exact,
+    wait_ready,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _worker(tmp: Path, url: str) -> WorkerProc:
+VERIFY_APP = "tests.apps.verify_app:app"
+
+
+def _worker(tmp: Path, url: str, app_ref: str = "agents.orders:app") -> WorkerProc:
     return WorkerProc(
         "127.0.0.1:1",  # no broker: a Kafka address that nothing answers
         "explain-",
         tmp / "data",
         tmp / "worker.log",
+        app_ref=app_ref,
         extra_env={"STREAMAPP_BROKER": "none", "STREAMAPP_EVENT_STORE": url},
     )
 
@@ -94,3 +114,72 @@ def _expected(events: list[Any]) -> dict[str, tuple[int, str]]:
         n, _ = out.get(e.stream_id, (0, ""))
         out[e.stream_id] = (n + 1, e.type.removeprefix("order."))
     return out
+
+
+def _verify(worker: WorkerProc, *args: str, bonus: int = 0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        streamapp_cmd("verify", "-A", VERIFY_APP, "totals", *args),
+        env=app_env(
+            worker.bootstrap,
+            worker.namespace,
+            **worker.extra_env,
+            STREAMAPP_TEST_VERIFY_BONUS=str(bonus),
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,  # a ceiling for a hang, not a budget: it checks 40 keys
+        check=False,
+    )
+
+
+async def test_verify_finds_the_live_table_equal_and_a_changed_handler_different(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    events, _ = order_events(n_orders=40, n_events=400)
+    await append_to_store(url, events)
+    worker = _worker(tmp_path, url, VERIFY_APP)
+    worker.start()
+    try:
+        await wait_ready(worker)
+        await _wait_applied(worker, len(events))
+        same = _verify(worker)
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert same.stdout.startswith(
+            "verified 40 streams of totals v1 at store position 400: 40 equal, 0 differ, 0 missing"
+        ), same.stdout
+
+        paid = {e.stream_id for e in events if e.type == "order.paid"}
+        changed = _verify(worker, "--json", bonus=1)
+        assert changed.returncode == 1, changed.stdout + changed.stderr
+        found = json.loads(changed.stdout)
+        assert (found["checked"], found["differ"], found["missing"]) == (40, len(paid), 0)
+        example = found["differences"][0]
+        assert example["key"] in paid
+        assert example["rebuilt"]["paid"] > example["live"]["paid"]
+
+        sampled = _verify(worker, "--sample", "5", "--json")
+        assert json.loads(sampled.stdout)["checked"] == 5
+        on_0 = {e.stream_id for e in events if partition_for(e.stream_id.encode(), 4) == 0}
+        part = _verify(worker, "--partitions", "0", "--json")
+        assert json.loads(part.stdout)["checked"] == len(on_0)
+    finally:
+        worker.stop()
+
+
+async def _wait_applied(worker: WorkerProc, n: int) -> None:
+    """Until the worker has applied ``n`` events; fails when its count stops moving."""
+
+    async def applied() -> int:
+        status = await worker.status()
+        parts = (status or {}).get("partitions", {}).values()
+        return sum(p.get("outcomes", {}).get("delivered", 0) for p in parts)
+
+    seen: list[int] = []
+
+    async def check() -> bool:
+        seen.append(await applied())
+        return seen[-1] >= n
+
+    await until(check, what=f"{n} events applied", progress=lambda: seen[-1:])

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from streamapp import App, Event, FromEventStore, Redeliver, Table, TableView
 from streamapp.errors import ConfigError
 from streamapp.eventstore import Append, EventStore, open_store
+from streamapp.verify.compare import as_json, verify
 from streamapp.verify.fold import fold, writer_of
 from streamapp.web.explain import StoreFolds
 from streamapp.web.views import make_app
@@ -165,3 +166,30 @@ async def test_the_view_refuses_where_no_event_store_is_open() -> None:
         assert "read the event store, and this worker has none open" in await resp.text()
     finally:
         await client.close()
+
+
+async def test_verify_compares_each_key_at_the_stream_version_the_live_table_reached(
+    store: EventStore,
+) -> None:
+    app = _typed_app()
+    behind = (await fold(app, store, summary, ORDER, through_version=2)).value
+    answers = {ORDER: (as_json(behind), 2), "o-2": (None, 0)}  # behind, and nothing yet
+
+    async def live(key: str) -> tuple[Any, int]:
+        return answers[key]
+
+    same = await verify(app, store, summary, [ORDER, "o-2"], live)
+    assert (same.checked, same.equal, same.differ, same.missing) == (2, 2, 0, 0)
+    wrong = dict(as_json(behind), paid=999)
+    answers[ORDER] = (wrong, 2)
+    answers["o-2"] = ({"paid": 1}, 1)  # a value the handler never makes of o-2's stream
+    found = await verify(app, store, summary, [ORDER, "o-2"], live)
+    assert (found.equal, found.differ, found.missing) == (0, 2, 0)
+    assert not found.ok
+    answers["o-2"] = (None, 1)  # the live table lost a key the stream makes
+    lost = await verify(app, store, summary, ["o-2"], live)
+    assert lost.missing == 1
+    assert lost.examples[0].kind == "missing_live"
+    assert lost.summary() == (
+        "verified 1 streams of summary v1 at store position 1: 0 equal, 0 differ, 1 missing"
+    )
