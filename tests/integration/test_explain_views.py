@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from .harness import (
     WorkerProc,
     app_env,
     append_to_store,
+    create_topics,
     order_events,
     streamapp_cmd,
     wait_exact,
@@ -117,8 +119,9 @@ def _expected(events: list[Any]) -> dict[str, tuple[int, str]]:
 
 
 def _verify(worker: WorkerProc, *args: str, bonus: int = 0) -> subprocess.CompletedProcess[str]:
+    url = f"http://127.0.0.1:{worker.port}"
     return subprocess.run(
-        streamapp_cmd("verify", "-A", VERIFY_APP, "totals", *args),
+        streamapp_cmd("verify", "-A", VERIFY_APP, "totals", "--url", url, *args),
         env=app_env(
             worker.bootstrap,
             worker.namespace,
@@ -133,13 +136,26 @@ def _verify(worker: WorkerProc, *args: str, bonus: int = 0) -> subprocess.Comple
     )
 
 
+@pytest.mark.parametrize("broker", ["embedded", "kafka"])
 async def test_verify_finds_the_live_table_equal_and_a_changed_handler_different(
-    tmp_path: Path,
+    tmp_path: Path, broker: str, kafka_bootstrap: str
 ) -> None:
     url = f"sqlite:///{tmp_path / 'events.db'}"
     events, _ = order_events(n_orders=40, n_events=400)
     await append_to_store(url, events)
-    worker = _worker(tmp_path, url, VERIFY_APP)
+    if broker == "embedded":
+        worker = _worker(tmp_path, url, VERIFY_APP)
+    else:  # catch-up from the store, then live on Kafka
+        ns = f"vfy{uuid.uuid4().hex[:6]}-"
+        create_topics(kafka_bootstrap, ns, VERIFY_APP)
+        worker = WorkerProc(
+            kafka_bootstrap,
+            ns,
+            tmp_path / "data",
+            tmp_path / "worker.log",
+            app_ref=VERIFY_APP,
+            extra_env={"STREAMAPP_EVENT_STORE": url},
+        )
     worker.start()
     try:
         await wait_ready(worker)
@@ -161,7 +177,7 @@ async def test_verify_finds_the_live_table_equal_and_a_changed_handler_different
 
         sampled = _verify(worker, "--sample", "5", "--json")
         assert json.loads(sampled.stdout)["checked"] == 5
-        on_0 = {e.stream_id for e in events if partition_for(e.stream_id.encode(), 4) == 0}
+        on_0 = {e.stream_id for e in events if partition_for((e.stream_id or "").encode(), 4) == 0}
         part = _verify(worker, "--partitions", "0", "--json")
         assert json.loads(part.stdout)["checked"] == len(on_0)
     finally:
