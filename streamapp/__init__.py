@@ -146,7 +146,7 @@ MOVED = {
     "storeonly": "transports.embedded",
     "storeurl": "settings.store_url",
     "tables.memory": "tables.rocksdb.cache",
-    "tables.status": "tables.rocksdb.status",
+    "tables.status": "tables.rocksdb.status_codes",
     "transport": "transports.base",
     "typed": "agents.typed",
     "version": "_version",

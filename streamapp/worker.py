@@ -46,6 +46,7 @@ from .tables.rocksdb.cache import rocks_memory
 from .topics import relayed
 from .transports.base import MembersDirectory, Relay, WorkerContext, refuse_unsupported, transports
 from .versions.ledger import RetirementWatch
+from .web.explain import StoreFolds
 from .web.metrics import WorkerMetrics
 from .web.views import make_app
 
@@ -242,6 +243,9 @@ class Worker:
                 feed.status if feed else None,
                 metrics=self.metrics,
                 token=self.settings.web_token,
+                folds=StoreFolds(
+                    self.app, lambda: self.store, self.transport.capabilities.embedded
+                ),
             ),
             access_log=None,  # never logs headers (the token)
             max_line_size=MAX_REQUEST_LINE,

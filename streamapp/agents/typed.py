@@ -155,6 +155,10 @@ class EventTypes:
 
         return register
 
+    def schema_of(self, event: Event) -> int:
+        """The schema version ``event``'s data was written in (1 when it names none)."""
+        return self._version(event) or 1
+
     def current_version(self, event_type: str) -> int:
         """The schema version ``event_type``'s model reads (one past its last upcaster)."""
         steps = self._upcasts.get(event_type)

@@ -1,6 +1,6 @@
 """The ``streamapp`` command: ``worker``, ``topics``, ``store``, ``forward``, ``tables``,
 ``agents``, ``reset``, ``retire``, ``parked`` (``replay``, ``release``, ``list --held``,
-``skip``) and ``dlq`` (``replay``), one module each.
+``skip``), ``dlq`` (``replay``) and ``verify``, one module each.
 ``-A MODULE[:ATTRIBUTE]`` goes before or after the command."""
 
 from . import (  # noqa: F401 (commands)
@@ -12,6 +12,7 @@ from . import (  # noqa: F401 (commands)
     store,
     tables,
     topics,
+    verify,
     worker,
 )
 from .main import load_app, main

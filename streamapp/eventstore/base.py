@@ -106,6 +106,15 @@ class EventStore(Protocol):
         """Every event of one stream, by version."""
         ...
 
+    async def stream_ids(self, after: str, limit: int) -> list[str]:
+        """Stream ids above ``after``, ascending, at most ``limit`` (a page of every
+        stream, read from the store's per-stream index)."""
+        ...
+
+    async def sample_streams(self, k: int) -> list[str]:
+        """At most ``k`` stream ids picked at random (``streamapp verify --sample``)."""
+        ...
+
     async def head(self) -> int:
         """The last readable position (0 when the store is empty)."""
         ...

@@ -46,3 +46,14 @@ def log_indexed(url: str, twice: int) -> None:
             twice,
             DUPLICATES_NOTE,
         )
+
+
+STREAM_IDS_SQL = (
+    "SELECT DISTINCT stream_id FROM streamapp_events WHERE stream_id > ? ORDER BY stream_id LIMIT ?"
+)
+"""A page of stream ids, by the unique index on (stream_id, version)."""
+SAMPLE_STREAMS_SQL = (
+    "SELECT stream_id FROM (SELECT DISTINCT stream_id FROM streamapp_events) AS streams "
+    "ORDER BY random() LIMIT ?"
+)
+"""``k`` stream ids at random: one pass over the index, a top-k sort."""

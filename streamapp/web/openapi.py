@@ -34,6 +34,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         414: f"Key or prefix longer than {MAX_KEY_BYTES} bytes.",
         421: "Another worker owns the key's partition and no owner directory is kept "
         "(no members topic), or the request was already forwarded.",
+        422: "explain=1 / as_of: an event of the key's stream fails now in the handler.",
         503: "Rebalancing, or the partition (its lane of the table version) restores or "
         "catches up: retry after Retry-After.",
     }
@@ -225,6 +226,26 @@ def document(app_id: str, version: str, tables: Sequence[Table[Any]] = ()) -> di
                             "1: answer {value, version (the table's), partition, phase, "
                             "stream_version, checkpoint}.",
                         ),
+                        _param(
+                            "explain",
+                            "query",
+                            {"type": "string", "enum": ["0", "1"]},
+                            "1: the value folded from the event store through the handler, "
+                            "with the events that made it (not live state).",
+                        ),
+                        _param(
+                            "as_of",
+                            "query",
+                            {"type": "integer", "minimum": 1},
+                            "The value the key had at this store position, folded from "
+                            "the event store.",
+                        ),
+                        _param(
+                            "limit",
+                            "query",
+                            {"type": "integer", "minimum": 1},
+                            "With explain=1: list the last N events.",
+                        ),
                         _version_param(),
                     ],
                     "responses": _versioned(
@@ -233,7 +254,7 @@ def document(app_id: str, version: str, tables: Sequence[Table[Any]] = ()) -> di
                                 "The value (X-Streamapp-Partition, -Phase, -Version (the "
                                 "stream version), -Checkpoint headers)."
                             ),
-                            **_errors(400, 401, 404, 414, 421, 503),
+                            **_errors(400, 401, 404, 414, 421, 422, 503),
                         }
                     ),
                 }

@@ -55,6 +55,7 @@ from ..tables.partition import PartitionTables
 from ..tables.table import Table
 from ..topics import Partitioner
 from .endpoint import STALE_HEADER, TableEndpoint, answer_early, check_length, flag, int_param
+from .explain import StoreFolds, folded_answer, wants_fold
 from .held import held_answer
 from .listing import ListingEndpoint
 from .owner import FORWARDED, forward
@@ -86,12 +87,15 @@ def add_routes(
     assignment: Assignment,
     worker_id: str = "",
     history: Callable[[], dict[str, object]] | None = None,
+    folds: StoreFolds | None = None,
 ) -> None:
-    """The three table endpoints of ``app``, sharing one :class:`VersionRoutes`."""
+    """The three table endpoints of ``app``, sharing one :class:`VersionRoutes`;
+    ``folds``: the app and event store ``?explain`` and ``?as_of`` fold with."""
     routes = VersionRoutes(assignment, worker_id)
+    keys = KeyEndpoint(assignment, routes, folds)
     # the key lookup first: aiohttp tries the routes under /tables in this order (none
     # of the three matches another's paths)
-    app.router.add_get("/tables/{table}/{key}", KeyEndpoint(assignment, routes).dispatch)
+    app.router.add_get("/tables/{table}/{key}", keys.dispatch)
     app.router.add_get("/tables/{table}", ScanEndpoint(assignment, routes).dispatch)
     app.router.add_get("/tables", ListingEndpoint(assignment, routes, history).dispatch)
 
@@ -115,8 +119,15 @@ class Serving:
 class KeyEndpoint(TableEndpoint):
     """``GET /tables/{table}/{key}``: one key's committed value (see the module)."""
 
-    def __init__(self, assignment: Assignment, routes: VersionRoutes) -> None:
+    def __init__(
+        self,
+        assignment: Assignment,
+        routes: VersionRoutes,
+        folds: StoreFolds | None = None,
+    ) -> None:
         super().__init__(assignment, routes)
+        self.folds = folds
+        """The app and event store answers folded from the store use (:mod:`.explain`)."""
         self.topics = {label: agent.topic for label, (agent, _) in assignment.app.tables.items()}
         """Each table's topic, by the table's label."""
         self.partitions_of: dict[tuple[int, Partitioner], dict[str, int]] = {}
@@ -130,6 +141,12 @@ class KeyEndpoint(TableEndpoint):
         meta = flag(request, "meta")
         stale_ok = flag(request, "stale_ok")
         version = self.version(request, name)
+        if wants_fold(request):  # from the event store, never live state: no owner asked
+            local = self.local(name, version)
+            if local is None:
+                why = f"table {name!r} version {version} is not declared by this worker's code"
+                return versioned(error(404, f"{why}: a fold runs that version's handler"), version)
+            return await folded_answer(request, self.folds, local, key)
         try:
             found = self.serving(name, version, key, request, stale_ok=stale_ok)
         except _Forward as fwd:

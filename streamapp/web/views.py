@@ -18,6 +18,7 @@ from .._version import streamapp_version
 from ..engine.assignment import Assignment
 from . import health, openapi, security, tables
 from . import owner as forward
+from .explain import StoreFolds
 from .metrics import CONTENT_TYPE, WorkerMetrics
 from .responses import json_response, unavailable
 
@@ -34,8 +35,10 @@ def make_app(
     *,
     metrics: WorkerMetrics | None = None,
     token: str | None = None,
+    folds: StoreFolds | None = None,
 ) -> web.Application:
-    """The aiohttp application of one worker."""
+    """The aiohttp application of one worker (``folds``: its app and event store, for
+    answers folded from the store)."""
     if metrics is None:
         metrics = WorkerMetrics()
     metrics.watch(assignment)
@@ -63,5 +66,5 @@ def make_app(
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/openapi.json", openapi_json)
     app.router.add_get("/", page)
-    tables.add_routes(app, assignment, worker_id, history)
+    tables.add_routes(app, assignment, worker_id, history, folds)
     return app

@@ -15,7 +15,7 @@ from streamapp import App, Event, Park, Table, TableView
 from streamapp.agents.agent import handle
 from streamapp.errors import StoreCorruptError, StoreError, StoreIOError, StoreLockedError
 from streamapp.tables.partition import PartitionTables, spaces_for
-from streamapp.tables.rocksdb.status import status_of, store_error
+from streamapp.tables.rocksdb.status_codes import status_of, store_error
 from streamapp.tables.store import RocksStore, discard
 
 TABLE: Table[dict[str, int]] = Table("rows")

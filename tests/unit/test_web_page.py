@@ -22,7 +22,7 @@ async def test_openapi_describes_every_route() -> None:
     assert spec["paths"]["/healthz"]["get"]["security"] == []
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     params = {p["name"] for p in spec["paths"]["/tables/{table}/{key}"]["get"]["parameters"]}
-    assert params == {"table", "key", "min_version", "meta", "version"}
+    assert params == {"table", "key", "min_version", "meta", "explain", "as_of", "limit", "version"}
     for path in ("/tables/{table}/{key}", "/tables/{table}"):
         responses = spec["paths"][path]["get"]["responses"]
         for code in ("200", "404", "503"):

@@ -53,7 +53,13 @@ from ..model import (
     decode_headers,
     encode_headers,
 )
-from ..sql import LIVE_OFFSET_SQL, STORED_TWICE_SQL, log_indexed
+from ..sql import (
+    LIVE_OFFSET_SQL,
+    SAMPLE_STREAMS_SQL,
+    STORED_TWICE_SQL,
+    STREAM_IDS_SQL,
+    log_indexed,
+)
 
 try:
     import psycopg
@@ -243,6 +249,14 @@ class PostgresEventStore(SqlEventStore):
             f"SELECT {_COLUMNS} FROM streamapp_events WHERE stream_id = %s ORDER BY version",
             (stream_id,),
         )
+
+    async def stream_ids(self, after: str, limit: int) -> list[str]:
+        sql = STREAM_IDS_SQL.replace("?", "%s")
+        return [str(r[0]) for r in await self._rows(sql, (after, limit), "reading stream ids")]
+
+    async def sample_streams(self, k: int) -> list[str]:
+        sql = SAMPLE_STREAMS_SQL.replace("?", "%s")
+        return [str(r[0]) for r in await self._rows(sql, (k,), "sampling stream ids")]
 
     async def head(self) -> int:
         sql = "SELECT coalesce(max(position), 0) FROM streamapp_events"

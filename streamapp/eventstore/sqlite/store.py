@@ -42,7 +42,7 @@ from ..model import (
     decode_headers,
     encode_headers,
 )
-from ..sql import LIVE_OFFSET_SQL
+from ..sql import LIVE_OFFSET_SQL, SAMPLE_STREAMS_SQL, STREAM_IDS_SQL
 from .forwarder import SqliteForwarderState
 from .schema import connect
 
@@ -105,6 +105,19 @@ class SqliteEventStore(SqlEventStore):
                 (stream_id,),
             ).fetchall()
             return list(map(_make, rows))
+
+        return await self._run(read)
+
+    async def stream_ids(self, after: str, limit: int) -> list[str]:
+        def read() -> list[str]:
+            rows = self._conn.execute(STREAM_IDS_SQL, (after, limit)).fetchall()
+            return [str(r[0]) for r in rows]
+
+        return await self._run(read)
+
+    async def sample_streams(self, k: int) -> list[str]:
+        def read() -> list[str]:
+            return [str(r[0]) for r in self._conn.execute(SAMPLE_STREAMS_SQL, (k,)).fetchall()]
 
         return await self._run(read)
 

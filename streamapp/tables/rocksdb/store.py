@@ -24,7 +24,7 @@ from ...errors import (
 from ...settings.settings import DEFAULT_MEMORY_LIMIT_MB, Settings
 from ..base import Changes, OnDamage, Reader, Store
 from .cache import RocksMemory, rocks_memory
-from .status import status_of, store_error
+from .status_codes import status_of, store_error
 
 log = logging.getLogger("streamapp.tables")
 
@@ -69,8 +69,8 @@ class RocksStore:
     RocksDB's own memory (block cache, memtables) is ``memory``, shared by every store
     of the process (default: that of the default ``memory_limit_mb``).
 
-    RocksDB's errors become typed errors here (:mod:`streamapp.tables.rocksdb.status`). At open,
-    RocksDB checks every SST file's size against the manifest and reads its footer and
+    RocksDB's errors become typed errors here (:mod:`streamapp.tables.rocksdb.status_codes`).
+    At open, RocksDB checks every SST file's size against the manifest and reads its footer and
     index (``paranoid_checks``, every file open): a truncated file or a damaged index is
     :class:`~streamapp.errors.StoreCorruptError` then. Bit rot inside a data block shows
     only when that block is read (a full checksum scan at every open was measured at
