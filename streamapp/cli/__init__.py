@@ -1,6 +1,7 @@
 """The ``streamapp`` command: ``worker``, ``topics``, ``store``, ``forward``, ``tables``,
 ``agents``, ``reset``, ``retire``, ``parked`` (``replay``, ``release``, ``list --held``,
-``skip``), ``dlq`` (``replay``) and ``verify``, one module each.
+``skip``), ``dlq`` (``replay``), ``verify`` and ``versions`` (``diff``, ``switch``), one
+module each.
 ``-A MODULE[:ATTRIBUTE]`` goes before or after the command."""
 
 from . import (  # noqa: F401 (commands)
@@ -13,6 +14,7 @@ from . import (  # noqa: F401 (commands)
     tables,
     topics,
     verify,
+    versions,
     worker,
 )
 from .main import load_app, main

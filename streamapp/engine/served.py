@@ -21,7 +21,7 @@ import orjson
 
 from ..tables.partition import PartitionTables
 from ..tables.table import Table
-from ..versions import retired
+from ..versions import retired, switched
 from ..versions.states import (
     Declared,
     MemberTables,
@@ -153,7 +153,16 @@ def local_tables(assignment: Assignment, worker: str) -> MemberTables:
                 building += 1  # the last position it reached (0: none yet), never None
                 positions.append(lane.history_position() - 1)
         progress = Progress(building, min(positions, default=None)) if building else None
-        declared.append(Declared(name, version, agent.topic.partitions, frozenset(live), progress))
+        declared.append(
+            Declared(
+                name,
+                version,
+                agent.topic.partitions,
+                frozenset(live),
+                progress,
+                manual=table.switch == "manual",
+            )
+        )
     return MemberTables(worker, tuple(declared), dict(assignment.served))
 
 
@@ -180,7 +189,8 @@ def group_states(assignment: Assignment, worker: str) -> tuple[dict[str, TableSt
     known = others is not None
     members = [local_tables(assignment, worker), *(others or [])]
     retired = retired_versions(assignment.app.id)
-    states = states_of(members, retired, assignment.served)
+    switches = switched.switched_versions(assignment.app.id)
+    states = states_of(members, retired, assignment.served, switches)
     if known:  # else a latched version only some unread member declares would be lost
         for name, table in states.items():
             if table.active is None:

@@ -65,6 +65,10 @@ class StructCodec(Generic[V]):
         schema (a change of any of them is a new table version)."""
 
 
+SWITCHES = ("auto", "manual")
+"""How a new table version becomes the one views answer from (``Table(switch=...)``)."""
+
+
 class Table(Generic[V]):
     """A named table; its partition count is its source topic's.
 
@@ -84,7 +88,14 @@ class Table(Generic[V]):
         encoding: str = "msgpack",
         codec: ValueCodec[V] | None = None,
         help: str = "",
+        switch: str = "auto",
     ) -> None:
+        if switch not in SWITCHES:
+            raise ValueError(
+                f"table {name!r}: switch={switch!r}; give 'auto' (views move to this version "
+                "once it is built) or 'manual' (it stays built until `streamapp versions "
+                "switch`)"
+            )
         if not name or not all(c.isalnum() or c in "._-" for c in name):
             raise ValueError(f"table name {name!r}: use letters, digits, '.', '_' or '-'")
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -114,6 +125,9 @@ class Table(Generic[V]):
         """Makes the value of a missing key for ``view[key]`` (not stored until written)."""
         self.codec: ValueCodec[V] = codec if codec is not None else JsonCodec()
         self.help = help
+        self.switch = switch
+        """``auto``: views answer from this version once it is live on every partition;
+        ``manual``: it stays ``built`` until ``streamapp versions switch`` is run."""
 
     @property
     def label(self) -> str:

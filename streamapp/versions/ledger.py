@@ -20,6 +20,8 @@ Four kinds of record, under keys of their own so that none overwrites another:
   writing it and its changelog topic. Every worker writes its own at start. This is
   how a retire knows a version after its agent left the code.
 - ``retired/{label}``: the retirement, written once by ``streamapp retire``.
+- ``switched/{label}``: a ``switch="manual"`` version switched to, written once by
+  ``streamapp versions switch``: from then on it may be the active version.
 - ``stores/{host}:{data_dir}``: the table versions a worker's data directory holds (at
   its start, after a drop, every :data:`REPORT_S` seconds and as it stops), so that a
   retire's dry run names the stores on other hosts.
@@ -55,6 +57,7 @@ from ..settings.store_url import parse_url
 from ..tables.layout import app_directory, lock_holders, partition_stores
 from ..tables.layout import table_spaces as stored_tables
 from .retired import TableVersion, learn
+from .switched import learn_switches
 
 if TYPE_CHECKING:
     from ..app import App
@@ -115,6 +118,23 @@ class Retirement:
     @property
     def key(self) -> str:
         return f"{PREFIX}retired/{label(self.table, self.version)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """``streamapp versions switch``'s record: a manual table version may become active."""
+
+    table: str
+    version: int
+    at: str
+    """When (ISO 8601, UTC), for people: no clock is compared."""
+
+    @property
+    def key(self) -> str:
+        return f"{PREFIX}switched/{label(self.table, self.version)}"
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"table": self.table, "version": self.version, "at": self.at})
 
 
 def encode(record: VersionRecord | Retirement) -> bytes:
@@ -195,10 +215,13 @@ async def running_views(url: str, app_id: str) -> str | None:
 
 @dataclass
 class LedgerState:
-    """Every table version declared so far, and every retirement, by table version."""
+    """Every table version declared so far, every retirement and every switch, by table
+    version."""
 
     versions: dict[TableVersion, VersionRecord] = field(default_factory=dict)
     retired: dict[TableVersion, Retirement] = field(default_factory=dict)
+    switched: dict[TableVersion, Switch] = field(default_factory=dict)
+    """The manual versions switched to (``streamapp versions switch``)."""
     stores: dict[str, StoresRecord] = field(default_factory=dict)
     """What each data directory held when its worker last looked, by host:directory."""
     views: str | None = None
@@ -226,6 +249,8 @@ class LedgerState:
         changelog = None if changelog is None else str(changelog)
         if kind == "version" and agent is not None:
             self.versions[(table, version)] = VersionRecord(table, version, agent, changelog)
+        elif kind == "switched" and (table, version) not in self.switched:
+            self.switched[(table, version)] = Switch(table, version, str(body.get("at", "")))
         elif kind == "retired":
             new = (table, version) not in self.retired
             retirement = Retirement(table, version, str(body.get("at", "")), agent, changelog)
@@ -393,6 +418,7 @@ class RetirementWatch:
         if backend is None:
             return
         self.state = LedgerState.of(await backend.records())
+        learn_switches(self.app.id, self.state.switched)
         refuse_declared(self.app, self.app_ref, self.state.retired)
         self._retire(self.state.retired)
         for record in declared(self.app, self.changelogs):
@@ -432,6 +458,7 @@ class RetirementWatch:
             try:
                 async for records in backend.updates():
                     new = [r for k, v in records if (r := self.state.apply(k, v)) is not None]
+                    learn_switches(self.app.id, self.state.switched)
                     if new:
                         await asyncio.to_thread(self._retire, [(r.table, r.version) for r in new])
                         await self._report(backend)

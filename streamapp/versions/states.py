@@ -12,6 +12,8 @@ versions with their state:
   (the switch is one-way, so a partition that moves does not switch the group back).
   With none of these, the lowest version declared (nothing was built before it).
 - ``building``: declared, above the active one, not live everywhere yet.
+- ``built``: declared ``switch="manual"``, live everywhere, above the active one, and not
+  switched to yet (``streamapp versions switch``): views answer from it only when pinned.
 - ``previous``: declared, below the active one (still readable when pinned).
 - ``retired``: retired by ``streamapp retire`` (never served).
 
@@ -31,6 +33,7 @@ TableVersion = tuple[str, int]
 
 class State(enum.Enum):
     BUILDING = "building"
+    BUILT = "built"
     ACTIVE = "active"
     PREVIOUS = "previous"
     RETIRED = "retired"
@@ -64,6 +67,8 @@ class Declared:
     """The table's partition count (its source topic's)."""
     live: frozenset[int] = frozenset()
     progress: Progress | None = None
+    manual: bool = False
+    """Declared ``switch="manual"``: active only once switched to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +126,14 @@ def group_states(
     members: Iterable[MemberTables],
     retired: Iterable[TableVersion] = (),
     latched: Mapping[str, int] | None = None,
+    switched: Iterable[TableVersion] = (),
 ) -> dict[str, TableStates]:
     """Each table's versions and states, from every current member's record.
 
     ``latched``: the versions this worker answered from so far (its own latch; the
     members' latches are in their records). The result's ``active`` is never below a
-    latched version that is still declared and not retired.
+    latched version that is still declared and not retired. ``switched``: the manual
+    versions switched to (a manual version is never active before).
     """
     members = list(members)
     gone = set(retired)
@@ -134,15 +141,20 @@ def group_states(
     totals: dict[TableVersion, int] = {}
     live: dict[TableVersion, set[int]] = {}
     progress: dict[TableVersion, Progress] = {}
+    manual: set[TableVersion] = set()
     for member in members:
         for d in member.declared:
             tv = (d.table, d.version)
+            if d.manual:
+                manual.add(tv)
             declared_by.setdefault(tv, []).append(member.worker)
             totals[tv] = max(totals.get(tv, 0), d.partitions)
             live.setdefault(tv, set()).update(d.live)
             if d.progress is not None:
                 known = progress.get(tv)
                 progress[tv] = d.progress if known is None else known.merged(d.progress)
+    held = manual - set(switched)
+    """Manual versions not switched to: never active (a latch on one is kept: one-way)."""
     latches: dict[str, int] = {}
     for source in [*(m.serving for m in members), latched or {}]:
         for table, version in source.items():
@@ -156,7 +168,8 @@ def group_states(
         )
         usable = [v for v in versions if (name, v) in declared_by and (name, v) not in gone]
         complete = [v for v in usable if live[(name, v)] >= set(range(totals[(name, v)]))]
-        candidates = [*complete, *([latches[name]] if name in latches else [])]
+        ready = [v for v in complete if (name, v) not in held]
+        candidates = [*ready, *([latches[name]] if name in latches else [])]
         active = max(candidates) if candidates else min(usable, default=None)
         states = []
         for v in versions:
@@ -164,7 +177,7 @@ def group_states(
             if tv in gone:
                 state = State.RETIRED
             elif active is not None and v > active:
-                state = State.BUILDING
+                state = State.BUILT if v in complete and tv in held else State.BUILDING
             else:
                 state = State.ACTIVE if v == active else State.PREVIOUS
             total = totals.get(tv, 0)
@@ -198,6 +211,7 @@ def encode_member(member: MemberTables) -> dict[str, Any]:
                 "partitions": d.partitions,
                 "live": sorted(d.live),
                 "progress": None if d.progress is None else d.progress.as_dict(),
+                **({"manual": True} if d.manual else {}),
             }
             for d in member.declared
         ],
@@ -236,4 +250,5 @@ def _declared(entry: Mapping[str, Any]) -> Declared:
         partitions,
         frozenset(int(p) for p in entry.get("live") or ()),
         progress,
+        bool(entry.get("manual", False)),
     )

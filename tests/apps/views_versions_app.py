@@ -16,6 +16,8 @@ from streamapp import App, Event, FromEventStore, Table, TableView
 
 NAMESPACE = os.environ.get("ORDERS_NAMESPACE", "")
 VERSIONS = [int(v) for v in os.environ.get("VIEWS_VERSIONS", "1,2").split(",")]
+MANUAL = {int(v) for v in os.environ.get("VIEWS_MANUAL", "").split(",") if v}
+"""``VIEWS_MANUAL=2``: those versions are ``switch="manual"``."""
 HISTORY = FromEventStore() if os.environ.get("VIEWS_HISTORY") else None
 """``VIEWS_HISTORY=1``: the agents replay the event store (RabbitMQ, embedded)."""
 
@@ -32,5 +34,5 @@ def _fold(n: int) -> Any:
 
 
 for _n in VERSIONS:
-    table = Table("order_status", version=_n)
+    table = Table("order_status", version=_n, switch="manual" if _n in MANUAL else "auto")
     app.agent(orders, tables=[table], name=f"project_v{_n}", history=HISTORY)(_fold(_n))

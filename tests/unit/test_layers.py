@@ -31,7 +31,12 @@ LAZY_STREAMAPP = {
                 "streamapp.cli.retire",
                 "streamapp.catchup.forwarder",
             ),
-            *("streamapp.web.forwarder", "streamapp.eventstore", "streamapp.verify.compare"),
+            *(
+                "streamapp.web.forwarder",
+                "streamapp.eventstore",
+                "streamapp.verify.compare",
+                "streamapp.verify.fold",
+            ),
         ),
         "a command loads only the runner it uses (the command line starts fast); transports "
         "come through streamapp.transports.base's registry, which imports only the one picked",

@@ -127,3 +127,12 @@ async def test_a_table_whose_version_changed_in_place_is_refused_with_the_way() 
     assert "'order_status@v2'" in message
     assert "holds 'order_status'" in message
     assert "add an agent" in message
+
+
+def test_a_table_switch_is_auto_or_manual() -> None:
+    from streamapp import Table
+
+    assert Table("t", version=2, switch="manual").switch == "manual"
+    assert Table("t").switch == "auto"
+    with pytest.raises(ValueError, match=r"switch='later'; give 'auto'"):
+        Table("t", version=2, switch="later")

@@ -178,3 +178,31 @@ def test_records_round_trip_through_json(members: list[MemberTables]) -> None:
     for m in members:
         wire = orjson.loads(orjson.dumps(encode_member(m)))
         assert parse_member(m.worker, wire, ()) == m
+
+
+def _manual(worker: str, live2: frozenset[int], **serving: int) -> MemberTables:
+    declared = (Declared("t", 1, N, ALL), Declared("t", 2, N, live2, manual=True))
+    return MemberTables(worker, declared, dict(serving))
+
+
+def test_a_manual_version_live_everywhere_is_built_not_active_until_switched() -> None:
+    building = group_states([_manual("a", frozenset({0}))])["t"]
+    assert [v.state for v in building.versions] == [State.ACTIVE, State.BUILDING]
+    built = group_states([_manual("a", ALL)])["t"]
+    assert [v.state for v in built.versions] == [State.ACTIVE, State.BUILT]
+    assert built.active == 1
+    switched = group_states([_manual("a", ALL)], switched={("t", 2)})["t"]
+    assert [v.state for v in switched.versions] == [State.PREVIOUS, State.ACTIVE]
+    assert switched.active == 2
+
+
+def test_a_switched_manual_version_is_not_active_before_it_is_built() -> None:
+    got = group_states([_manual("a", frozenset({0, 1}))], switched={("t", 2)})["t"]
+    assert (got.active, got.versions[1].state) == (1, State.BUILDING)
+
+
+def test_the_manual_flag_travels_in_the_directory_record() -> None:
+    record = orjson.loads(orjson.dumps(encode_member(_manual("a", ALL))))
+    parsed = parse_member("a", record, ())
+    assert parsed is not None
+    assert [d.manual for d in parsed.declared] == [False, True]
