@@ -49,6 +49,7 @@ def test_spaces_for() -> None:
         "versions",
         "held",
         "skipped",
+        "held_events",
         "t:a",
         "t:b",
     ]
