@@ -16,7 +16,15 @@ from ..app import App
 from ..engine.metrics import NO_SINK_METRICS
 from ..errors import ReplayError, StreamappError
 from ..records import Message
-from ..republish import HELD_SKIP, HELD_STREAM, Held, Offsets, ReplayReport, replay
+from ..republish import (
+    HELD_SKIP,
+    HELD_STREAM,
+    Held,
+    Offsets,
+    ReplayReport,
+    replay,
+)
+from ..republish import event_id as id_of
 from ..retry_chain import header
 from ..settings import Settings
 from ..topics import TopicRole
@@ -154,7 +162,7 @@ def parked_skip(app_ref: str, topic: str, stream: str, event_id: str, yes: bool)
     found: list[str] = []
 
     def pick(sid: str | None, record: Held) -> bool:
-        if sid == stream and _event_id(record) == event_id:
+        if sid == stream and id_of(record.headers, record.value) == event_id:
             found.append(record.where)
         return sid == stream
 
@@ -249,13 +257,6 @@ async def _replay(
             await sink.stop()
 
 
-def _event_id(record: Held) -> str | None:
-    for name, value in record.headers:
-        if name in ("ce_id", "cloudEvents_id", "cloudEvents:id"):
-            return value.decode(errors="replace")
-    return None
-
-
 def _held_run(
     app_ref: str,
     topic: str,
@@ -310,7 +311,7 @@ async def _held_replay(
             stream = None if sid is None else sid.decode(errors="replace")
             if sid is None or not pick(stream, record):
                 continue  # not a held stream's: left where it is
-            if skip is not None and (stream, _event_id(record)) == skip:
+            if skip is not None and (stream, id_of(record.headers, record.value)) == skip:
                 reason = f"skipped by streamapp parked skip, {record.where}"
                 record = replace(record, headers=[*record.headers, (HELD_SKIP, reason.encode())])
             if dry_run:

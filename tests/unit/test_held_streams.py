@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamapp import App, Event, Outcome, Park, Redeliver, Table, TableView
+from streamapp.codecs import kafka as kafka_codec
 from streamapp.engine.hold import HELD_PLACE, HELD_STREAM
 from streamapp.errors import ConfigError
 from streamapp.memory import MemoryBroker
@@ -364,3 +365,20 @@ def test_a_skip_is_written_with_the_batch_and_restored_from_its_changelog_record
     assert restored.skipped() == [b'{"stream":"s","event":"e2"}']
     assert (tables.skips, restored.skips) == (1, 1)  # counted in memory, restored at open
     assert PartitionTables([table], restored.store, 0).skips == 1
+
+
+async def test_a_skip_finds_the_id_of_a_structured_mode_event() -> None:
+    """The poison event is a structured-mode CloudEvent (its id in the JSON body, no
+    ``ce_id`` header): the skip finds it by that id and releases the rest in order."""
+    _, broker = _fixable_bank()  # never fixed
+    _send(broker, "b", 1, 1)
+    poison = Event.create("moved", stream_id="b", version=2, data={"amount": 2, "poison": True})
+    key, value, headers = kafka_codec.encode_structured(poison)
+    broker.send_raw("tx", value, key=key, headers=headers)
+    _send(broker, "b", 3, 3)
+    await broker.process()
+    assert "ce_id" not in dict(broker.records("parked")[0].headers)
+    assert broker.replay_parked("parked", stream="b", skip=poison.id) == 2
+    await broker.process()
+    assert broker.held("apply") == {}
+    assert broker.table("balances")["b"] == 1 * 2 + 3  # 2 left out, on purpose
