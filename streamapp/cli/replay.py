@@ -271,9 +271,11 @@ def _held_run(
     try:
         settings = app.settings()
         if transports[settings.broker].capabilities.store_only:
+            command = "skip" if skip is not None else "release"
             raise click.UsageError(
-                "setting broker (STREAMAPP_BROKER) is 'none': held streams are released "
-                f"with `streamapp store parked replay -A {app_ref}` (every parked row, in order)"
+                "setting broker (STREAMAPP_BROKER) is 'none': its parked records are rows of "
+                f"the event store: use `streamapp store parked {command} -A {app_ref}` (same "
+                "options, --destination for --topic)"
             )
         origins = _check_topic(app, settings, app_ref, TopicRole.PARKING, topic)
         report = asyncio.run(_held_replay(app, settings, topic, origins, dry_run, pick, skip))
