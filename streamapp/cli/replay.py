@@ -30,7 +30,7 @@ from ..settings import Settings
 from ..topics import TopicRole
 from ..transport import transports
 from .main import app_option, load_app, main
-from .tables import ask_worker, worker_url
+from .tables import group_status, worker_url
 
 WHAT = {TopicRole.PARKING: "parking destination", TopicRole.DEAD_LETTER: "dead-letter topic"}
 COMMAND = {TopicRole.PARKING: "parked", TopicRole.DEAD_LETTER: "dlq"}
@@ -111,9 +111,11 @@ def parked_release(
 @click.option("--url", help="A worker's views (default: the app's web_host:web_port).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per held stream.")
 def parked_list(app_ref: str, held: bool, url: str | None, as_json: bool) -> None:
-    """Ask a running worker (token: STREAMAPP_WEB_TOKEN) for the streams its agents hold
-    (``Park(destination, hold="stream")``): agent, partition, stream, where the hold
-    starts, the events held and the error of the event that holds it."""
+    """Ask the running workers (token: STREAMAPP_WEB_TOKEN) for the streams their agents
+    hold (``Park(destination, hold="stream")``): agent, partition, the worker that holds
+    it, stream, where the hold starts, the events held and the error of the event that
+    holds it. The worker at --url names the others (the owners of the partitions it does
+    not own); stderr says which answered."""
     if not held:
         raise click.UsageError(
             "give --held: the streams held by agents with Park(destination, hold='stream')"
@@ -123,9 +125,10 @@ def parked_list(app_ref: str, held: bool, url: str | None, as_json: bool) -> Non
         views = url or worker_url(app, app.settings())
     except StreamappError as exc:
         raise click.ClickException(str(exc)) from exc
-    status = orjson.loads(ask_worker(views, "/status", {}))
+    workers = group_status(views)
     rows = [
-        {"agent": agent, "partition": p["partition"], **hold}
+        {"agent": agent, "partition": p["partition"], "worker": worker, **hold}
+        for worker, _, status in workers
         for p in status["partitions"].values()
         for agent, lane in p["agents"].items()
         for hold in lane.get("held", [])
@@ -136,11 +139,13 @@ def parked_list(app_ref: str, held: bool, url: str | None, as_json: bool) -> Non
             continue
         start = row["first"] if row["first"] is not None else f"@{row['position']}"
         click.echo(
-            f"{row['stream']}\tagent {row['agent']} partition {row['partition']}\theld from "
-            f"{start}, {row['events']} events\t{row['error']}"
+            f"{row['stream']}\tagent {row['agent']} partition {row['partition']} worker "
+            f"{row['worker']}\theld from {start}, {row['events']} events\t{row['error']}"
         )
-    if not rows and not as_json:
-        click.echo(f"no held streams on the worker at {views}", err=True)
+    if not as_json:
+        asked = ", ".join(f"{w} ({u})" for w, u, _ in workers)
+        none = "no held streams" if not rows else f"{len(rows)} held streams"
+        click.echo(f"{none} on the workers that answered: {asked}", err=True)
 
 
 @parked.command("skip")
