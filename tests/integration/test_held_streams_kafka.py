@@ -4,11 +4,13 @@ processes: 1,000 streams, five poison events in the middle of five of them.
 While the handler fails, the other 995 streams are exact and the five answer their last
 applied value with ``Streamapp-Stream-Held``; a ``kill -9`` during the hold and a worker
 on a fresh data directory (restored from the changelog) keeps them held, and their new
-live events park behind. Then the handler is fixed, one ``streamapp parked replay``
-releases them in order while more live events of them arrive, and the worker is killed
-(SIGKILL, by the handler itself) at the first held event it applies; with no second
-replay, every stream then equals the fixed handler's fold from scratch
-(``tests/integration/held_world.py``).
+live events park behind; it is killed (``kill -9``) during the hold too. Then the handler
+is fixed and one ``streamapp parked replay`` releases them while more live events of them
+arrive: one on the topic ahead of the events sent back (the next worker parks it behind
+the hold after the replay read the parking topic, so no replay sends it: the lane's own
+copy does), one while the replay sends. That worker is killed (SIGKILL, by the handler
+itself) at the first held event it applies; with no second replay, every stream then
+equals the fixed handler's fold from scratch (``tests/integration/held_world.py``).
 """
 
 from __future__ import annotations
