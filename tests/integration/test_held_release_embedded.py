@@ -126,6 +126,9 @@ async def test_release_one_stream_skip_an_event_and_keep_the_replay_mark(
         assert f"event {poison.id} of held stream {b!r} (version 2) is skipped for good" in log
 
         gate.unlink()
+        every = cli("store", "parked", "release", "--all", "--dry-run")  # c's rows alone
+        assert "dry run: would send 2 held rows back" in every.stdout, every.stdout
+        assert every.stdout.count(f"stream {c})") == 2
         replay = cli("store", "parked", "replay")  # the mark is where neither run moved it
         assert replay.returncode == 0, replay.stderr
         assert "sent 2 parked rows back" in replay.stdout, replay.stdout
