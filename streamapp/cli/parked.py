@@ -16,13 +16,14 @@ from ..app import App
 from ..engine.metrics import NO_SINK_METRICS
 from ..errors import ReplayError, StreamappError
 from ..failures.republish import HELD_SKIP, HELD_STREAM, Held, Offsets, ReplayReport, replay
+from ..failures.republish import event_id as id_of
 from ..failures.retry_chain import header
 from ..records import Message
 from ..settings.settings import Settings
 from ..topics import TopicRole
 from ..transports.base import transports
 from .main import app_option, load_app, main
-from .tables import ask_worker, worker_url
+from .tables import group_status, worker_url
 
 WHAT = {TopicRole.PARKING: "parking destination", TopicRole.DEAD_LETTER: "dead-letter topic"}
 COMMAND = {TopicRole.PARKING: "parked", TopicRole.DEAD_LETTER: "dlq"}
@@ -103,9 +104,11 @@ def parked_release(
 @click.option("--url", help="A worker's views (default: the app's web_host:web_port).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per held stream.")
 def parked_list(app_ref: str, held: bool, url: str | None, as_json: bool) -> None:
-    """Ask a running worker (token: STREAMAPP_WEB_TOKEN) for the streams its agents hold
-    (``Park(destination, hold="stream")``): agent, partition, stream, where the hold
-    starts, the events held and the error of the event that holds it."""
+    """Ask the running workers (token: STREAMAPP_WEB_TOKEN) for the streams their agents
+    hold (``Park(destination, hold="stream")``): agent, partition, the worker that holds
+    it, stream, where the hold starts, the events held and the error of the event that
+    holds it. The worker at --url names the others (the owners of the partitions it does
+    not own); stderr says which answered."""
     if not held:
         raise click.UsageError(
             "give --held: the streams held by agents with Park(destination, hold='stream')"
@@ -115,9 +118,10 @@ def parked_list(app_ref: str, held: bool, url: str | None, as_json: bool) -> Non
         views = url or worker_url(app, app.settings())
     except StreamappError as exc:
         raise click.ClickException(str(exc)) from exc
-    status = orjson.loads(ask_worker(views, "/status", {}))
+    workers = group_status(views)
     rows = [
-        {"agent": agent, "partition": p["partition"], **hold}
+        {"agent": agent, "partition": p["partition"], "worker": worker, **hold}
+        for worker, _, status in workers
         for p in status["partitions"].values()
         for agent, lane in p["agents"].items()
         for hold in lane.get("held", [])
@@ -128,11 +132,13 @@ def parked_list(app_ref: str, held: bool, url: str | None, as_json: bool) -> Non
             continue
         start = row["first"] if row["first"] is not None else f"@{row['position']}"
         click.echo(
-            f"{row['stream']}\tagent {row['agent']} partition {row['partition']}\theld from "
-            f"{start}, {row['events']} events\t{row['error']}"
+            f"{row['stream']}\tagent {row['agent']} partition {row['partition']} worker "
+            f"{row['worker']}\theld from {start}, {row['events']} events\t{row['error']}"
         )
-    if not rows and not as_json:
-        click.echo(f"no held streams on the worker at {views}", err=True)
+    if not as_json:
+        asked = ", ".join(f"{w} ({u})" for w, u, _ in workers)
+        none = "no held streams" if not rows else f"{len(rows)} held streams"
+        click.echo(f"{none} on the workers that answered: {asked}", err=True)
 
 
 @parked.command("skip")
@@ -154,7 +160,7 @@ def parked_skip(app_ref: str, topic: str, stream: str, event_id: str, yes: bool)
     found: list[str] = []
 
     def pick(sid: str | None, record: Held) -> bool:
-        if sid == stream and _event_id(record) == event_id:
+        if sid == stream and id_of(record.headers, record.value) == event_id:
             found.append(record.where)
         return sid == stream
 
@@ -249,13 +255,6 @@ async def _replay(
             await sink.stop()
 
 
-def _event_id(record: Held) -> str | None:
-    for name, value in record.headers:
-        if name in ("ce_id", "cloudEvents_id", "cloudEvents:id"):
-            return value.decode(errors="replace")
-    return None
-
-
 def _held_run(
     app_ref: str,
     topic: str,
@@ -270,9 +269,11 @@ def _held_run(
     try:
         settings = app.settings()
         if transports[settings.broker].capabilities.embedded:
+            command = "skip" if skip is not None else "release"
             raise click.UsageError(
-                "setting broker (STREAMAPP_BROKER) is 'none': held streams are released "
-                f"with `streamapp store parked replay -A {app_ref}` (every parked row, in order)"
+                "setting broker (STREAMAPP_BROKER) is 'none': its parked records are rows of "
+                f"the event store: use `streamapp store parked {command} -A {app_ref}` (same "
+                "options, --destination for --topic)"
             )
         origins = _check_topic(app, settings, app_ref, TopicRole.PARKING, topic)
         report = asyncio.run(_held_replay(app, settings, topic, origins, dry_run, pick, skip))
@@ -310,7 +311,7 @@ async def _held_replay(
             stream = None if sid is None else sid.decode(errors="replace")
             if sid is None or not pick(stream, record):
                 continue  # not a held stream's: left where it is
-            if skip is not None and (stream, _event_id(record)) == skip:
+            if skip is not None and (stream, id_of(record.headers, record.value)) == skip:
                 reason = f"skipped by streamapp parked skip, {record.where}"
                 record = replace(record, headers=[*record.headers, (HELD_SKIP, reason.encode())])
             if dry_run:

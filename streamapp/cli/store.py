@@ -14,7 +14,7 @@ import orjson
 from ..errors import StreamappError
 from ..topics import TopicRole
 from .main import _app_ref, app_option, load_app, main
-from .store_parked import store_parked_replay
+from .store_parked import store_parked_release, store_parked_replay, store_parked_skip
 
 if TYPE_CHECKING:
     from ..eventstore import EventStoreBackend, ParkedRecord
@@ -150,6 +150,8 @@ def store_parked(ctx: click.Context, app_ref: str | None, destinations: tuple[st
 
 
 store_parked.add_command(store_parked_replay)
+store_parked.add_command(store_parked_release)
+store_parked.add_command(store_parked_skip)
 
 
 def _parked_json(record: ParkedRecord, outcome: str | None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""``streamapp store parked replay``: rows an embedded worker parked
-(``STREAMAPP_BROKER=none``) sent back to the agents that parked them.
+"""``streamapp store parked replay``, ``release`` and ``skip``: rows an embedded worker
+parked (``STREAMAPP_BROKER=none``) sent back to the agents that parked them.
 
 There is no topic to publish to: a run appends the rows to the store's resend log in one
 transaction, and the running worker (or the next one to start) applies each through the
@@ -10,16 +10,24 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import click
 
 from ..app import App
 from ..errors import StreamappError
 from ..eventstore import ParkedRecord, open_store
-from ..eventstore.base import EventStoreBackend
+from ..eventstore.base import RELEASE_RUN, EventStoreBackend
 from ..failures.outcomes import parking
-from ..failures.republish import PARK_AGENT, PARK_SOURCE, parked_source
+from ..failures.republish import (
+    HELD_SKIP,
+    HELD_STREAM,
+    PARK_AGENT,
+    PARK_SOURCE,
+    event_id,
+    parked_source,
+)
 from ..transports.base import transports
 from .main import app_option, load_app
 
@@ -175,10 +183,23 @@ async def _plan(
     rows: list[ParkedRecord] = []
     for name in destinations:
         first = start if start is not None else await es.resent_through(app.id, name) + 1
+        # without --from, rows a release sent back already are left out (not the mark's)
+        done = {} if start is not None else await es.resent_outcomes(app.id, name)
         parked = await es.parked(name)
-        rows += [r for r in parked if r.id >= first and (until is None or r.id < until)]
+        rows += [
+            r
+            for r in parked
+            if r.id >= first and (until is None or r.id < until) and r.id not in done
+        ]
     rows.sort(key=lambda r: r.id)
     agents, run = _parking_agents(app), _Run()
+    _take(app, agents, rows, run, "--from {} skips it")
+    return run
+
+
+def _take(app: App, agents: dict[str, str], rows: list[ParkedRecord], run: _Run, hint: str) -> None:
+    """Put ``rows`` in ``run`` up to the first that cannot go back (its agent or topic
+    is not the app's: ``run.bad`` names it, ``hint`` with the row id after it)."""
     for row in rows:
         agent = (row.header(PARK_AGENT) or b"").decode(errors="replace")
         source = parked_source(row.headers)
@@ -187,9 +208,187 @@ async def _plan(
                 f"parked row {row.id} of {row.destination} cannot go back: it names agent "
                 f"{agent or '(none)'!r} and origin {source[0] if source else '(none)'!r}, and "
                 f"the app has no such agent parking to {row.destination} on such a topic; "
-                f"the rows before it go back, and --from {row.id + 1} skips it"
+                f"the rows before it go back" + (", and " + hint.format(row.id + 1) if hint else "")
             )
-            break
+            return
         run.rows.append(row)
         run.per_agent[agent] += 1
-    return run
+
+
+@click.command("release")
+@app_option
+@click.option(
+    "--destination",
+    "destinations",
+    multiple=True,
+    help="Parking destination to read (repeatable; default: every one of the app).",
+)
+@click.option("--stream", "streams", multiple=True, help="A held stream to release (repeatable).")
+@click.option("--all", "every", is_flag=True, help="Release every held stream parked there.")
+@click.option("--dry-run", is_flag=True, help="Print what would be sent back; send nothing.")
+def store_parked_release(
+    app_ref: str,
+    destinations: tuple[str, ...],
+    streams: tuple[str, ...],
+    every: bool,
+    dry_run: bool,
+) -> None:
+    """Send the parked rows of held streams back, in order, to the lane that held them
+    (``Park(destination, hold="stream")``, once the handler is fixed; the embedded
+    mode's ``streamapp parked release``): each stream is released when its last held
+    event is applied, and held again from an event that fails again. Only rows marked
+    with a held stream go, each once (rows sent back before are left out), and the
+    replay mark stays where it is (`store parked replay` still sends the other rows)."""
+    if every == bool(streams):
+        raise click.UsageError("give the held streams to release: --stream S (repeatable) or --all")
+    wanted = None if every else frozenset(streams)
+    _held_command(app_ref, destinations, dry_run, lambda sid: wanted is None or sid in wanted)
+
+
+@click.command("skip")
+@app_option
+@click.option(
+    "--destination",
+    "destinations",
+    multiple=True,
+    help="Parking destination to read (repeatable; default: every one of the app).",
+)
+@click.option("--stream", required=True, help="The held stream.")
+@click.option("--event", "event", required=True, help="The id of the held event to skip.")
+@click.option("--yes", is_flag=True, help="Confirm: the table never applies that event.")
+def store_parked_skip(
+    app_ref: str, destinations: tuple[str, ...], stream: str, event: str, yes: bool
+) -> None:
+    """Skip one held event of a stream for good, on purpose, and release the rest of the
+    stream in order (the embedded mode's ``streamapp parked skip``): a copy of its row
+    marked ``streamapp-held-skip`` is parked and sent back in its place (the row itself
+    after it, filtered by its stream version), with the stream's other rows; the lane records
+    the skip in its state (with the batch), logs it and counts its stream version as
+    applied without running the handler. The only way an event is left out."""
+    if not yes:
+        raise click.UsageError(
+            f"skipping event {event!r} of stream {stream!r} leaves it out of the table "
+            "for good: give --yes to confirm"
+        )
+    _held_command(app_ref, destinations, False, lambda sid: sid == stream, skip=(stream, event))
+
+
+def _held_command(
+    app_ref: str,
+    destinations: tuple[str, ...],
+    dry_run: bool,
+    pick: Callable[[str], bool],
+    *,
+    skip: tuple[str, str] | None = None,
+) -> None:
+    app = load_app(app_ref)
+    try:
+        settings = app.settings()
+        if not transports[settings.broker].capabilities.embedded:
+            command = "skip" if skip is not None else "release"
+            raise click.UsageError(
+                f"setting broker (STREAMAPP_BROKER) is {settings.broker!r}: its parked "
+                f"records are on the broker; use `streamapp parked {command} -A {app_ref} "
+                "--topic DESTINATION`. `store parked` commands work on the rows of a "
+                "embedded worker (STREAMAPP_BROKER=none)"
+            )
+        wanted = _destinations(app, app_ref, destinations)
+        run = asyncio.run(_send_held(app, settings.event_store, wanted, dry_run, pick, skip))
+    except StreamappError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if skip is not None and run.skipped is None:
+        raise click.ClickException(
+            f"no held event {skip[1]!r} of stream {skip[0]!r} parked in "
+            f"{', '.join(wanted)}: `streamapp parked list --held` shows the held streams"
+        )
+    for row in run.rows:
+        origin = (row.header(PARK_SOURCE) or b"").decode(errors="replace")
+        agent = (row.header(PARK_AGENT) or b"").decode(errors="replace")
+        stream = (row.header(HELD_STREAM) or b"").decode(errors="replace")
+        what = f"parked row {row.id} ({origin}, stream {stream}) to agent {agent}"
+        if row.id == run.skipped:
+            what += f": skip it, in place of parked row {run.skip_of}"
+        click.echo(f"would send {what}" if dry_run else what)
+    counts = ", ".join(f"{a}: {n}" for a, n in sorted(run.per_agent.items()))
+    counts = f" ({counts})" if counts else ""
+    if dry_run:
+        click.echo(f"dry run: would send {run.rows_sent} held rows back{counts}; nothing sent")
+    else:
+        click.echo(
+            f"sent {run.rows_sent} held rows back to their agents{counts}. The running worker "
+            "(or the next one to start) runs them once their partitions are live"
+        )
+    if run.bad is not None:
+        raise click.ClickException(run.bad)
+
+
+@dataclass
+class _HeldRun(_Run):
+    """A release's or a skip's run: ``skipped`` is the id of the skip's marked copy,
+    ``skip_of`` the row it stands in for."""
+
+    skipped: int | None = None
+    skip_of: int | None = None
+    rows_sent: int = 0
+
+
+async def _send_held(
+    app: App,
+    url: str,
+    destinations: list[str],
+    dry_run: bool,
+    pick: Callable[[str], bool],
+    skip: tuple[str, str] | None,
+) -> _HeldRun:
+    """Send back the rows of held streams ``pick`` takes that were never sent back, in
+    park order (``skip``: the last row of that stream's event, as a marked copy parked
+    for it, in its place), in one run named :data:`RELEASE_RUN`."""
+    es = await open_store(url)
+    try:
+        chosen: list[tuple[int, ParkedRecord]] = []  # (place in park order, row)
+        target: ParkedRecord | None = None
+        done: dict[int, str] = {}
+        for name in destinations:
+            sent = await es.resent_outcomes(app.id, name)
+            done.update(sent)
+            for row in await es.parked(name):
+                sid = row.header(HELD_STREAM)
+                stream = None if sid is None else sid.decode(errors="replace")
+                if stream is None or not pick(stream) or row.header(HELD_SKIP) is not None:
+                    continue
+                if skip is not None and event_id(row.headers, row.value) == skip[1]:
+                    target = row  # the last copy of that event (parked again: a new row)
+                elif row.id not in sent:
+                    chosen.append((row.id, row))
+        run = _HeldRun()
+        if skip is not None:
+            if target is None:
+                return run
+            copy = await _skip_copy(es, target, dry_run)
+            run.skipped, run.skip_of = copy.id, target.id
+            chosen.append((target.id, copy))
+            if target.id not in done:  # after its copy: filtered, and not sent back again
+                chosen.append((target.id, target))
+        chosen.sort(key=lambda c: c[0])  # stable: a skip's copy before its row
+        _take(app, _parking_agents(app), [row for _, row in chosen], run, "")
+        run.rows_sent = len(run.rows)
+        if not dry_run and run.rows:
+            ids = [row.id for row in run.rows]
+            run.rows_sent = await es.resend(app.id, f"{RELEASE_RUN}{uuid.uuid4().hex}", ids)
+        return run
+    finally:
+        await es.close()
+
+
+async def _skip_copy(es: EventStoreBackend, row: ParkedRecord, dry_run: bool) -> ParkedRecord:
+    """A copy of ``row`` marked :data:`HELD_SKIP`, parked beside it (a dry run: not
+    parked, its id 0), so that the skip is in the store before it is sent back."""
+    reason = f"skipped by streamapp store parked skip, parked row {row.id} ({uuid.uuid4().hex})"
+    headers = [*row.headers, (HELD_SKIP, reason.encode())]
+    if dry_run:
+        return replace(row, id=0, headers=headers)
+    await es.park(row.destination, row.value, key=row.key, headers=headers)
+    for parked in reversed(await es.parked(row.destination)):
+        if parked.header(HELD_SKIP) == reason.encode():
+            return parked
+    raise StreamappError(f"the skip copy of parked row {row.id} was parked but is not found")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 from urllib.parse import quote
 
 import click
@@ -95,18 +96,14 @@ def _print_versions(url: str, as_json: bool, *, offline: bool = False) -> str | 
             return answer
         raise click.ClickException(answer)
     body = orjson.loads(_answered(url, *answer))
+    held = _held_per_agent(url, body) if not as_json else {}
     for table in body["tables"]:
         for v in table.get("versions", []):
             if as_json:
                 click.echo(orjson.dumps({"table": table["name"], **v}).decode())
                 continue
             line = f"{table['name']} v{v['version']} {v['state']} {v['live']}/{v['total']}"
-            held = table.get("held") or {}
-            if held.get("streams"):
-                line += (
-                    f", {held['streams']} held streams of agent {table.get('agent')} "
-                    f"({held['events']} events)"
-                )
+            line += _held_line(str(table.get("agent")), held.get(str(table.get("agent"))))
             progress = v.get("progress")
             if progress and progress.get("store_position") is not None:
                 head = progress.get("head")
@@ -114,6 +111,65 @@ def _print_versions(url: str, as_json: bool, *, offline: bool = False) -> str | 
                 line += f" (replay at store position {progress['store_position']}{of})"
             click.echo(line)
     return None
+
+
+def _held_per_agent(url: str, tables: dict[str, Any]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per agent, each worker's held streams and events (those holding any), gathered
+    from every worker of the group (:func:`group_status`; ``tables`` is the first
+    worker's ``GET /tables``)."""
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for worker, _, status in group_status(url, tables):
+        for agent, counts in status.get("agents", {}).items():
+            streams, events = counts.get("held_streams", 0), counts.get("held_events", 0)
+            if streams:
+                out.setdefault(agent, {})[worker] = (streams, events)
+    return out
+
+
+def _held_line(agent: str, per_worker: dict[str, tuple[int, int]] | None) -> str:
+    """``, N held streams of agent A (M events; worker W: n, ...)`` (empty: none held):
+    which workers answered with how many."""
+    if not per_worker:
+        return ""
+    streams = sum(n for n, _ in per_worker.values())
+    events = sum(m for _, m in per_worker.values())
+    workers = ", ".join(f"{w}: {n}" for w, (n, _) in sorted(per_worker.items()))
+    return f", {streams} held streams of agent {agent} ({events} events; worker {workers})"
+
+
+def group_status(
+    url: str, tables: dict[str, Any] | None = None
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """``GET /status`` of every worker of the group, as (worker id, views URL, answer),
+    the one at ``url`` first: the others are the owners of the partitions it does not
+    own, as its ``GET /tables`` (``tables``: read already) names them from the members
+    directory; each worker once (by id). A worker that does not answer is said on
+    stderr, its counts missing; the one at ``url`` must answer (else exit 1)."""
+    first = orjson.loads(_ask(url, "/status", {}))
+    if tables is None:
+        tables = orjson.loads(_ask(url, "/tables", {}))
+    found = [(str(first.get("worker")), url, first)]
+    seen = {found[0][0]}
+    owners = {
+        owner
+        for table in tables.get("tables", [])
+        for owner in (table.get("owners") or {}).values()
+        if owner and owner.rstrip("/") != url.rstrip("/")
+    }
+    for owner in sorted(owners):
+        answer = _get(owner, "/status", {})
+        if isinstance(answer, str) or answer[0] != 200:
+            why = answer if isinstance(answer, str) else f"it answered {answer[0]}"
+            click.echo(
+                f"worker at {owner} did not answer ({why}): its counts are missing", err=True
+            )
+            continue
+        body = orjson.loads(answer[1])
+        worker = str(body.get("worker"))
+        if worker not in seen:
+            seen.add(worker)
+            found.append((worker, owner, body))
+    return found
 
 
 def _tables_app_ref(ctx: click.Context, app_ref: str | None) -> str | None:
@@ -257,11 +313,6 @@ def tables_scan(
         if not page.get("cursor"):
             return
         cursor = page["cursor"]
-
-
-def ask_worker(url: str, path: str, params: dict[str, str]) -> bytes:
-    """GET a worker's view (token: STREAMAPP_WEB_TOKEN); exits 1 when none answers 200."""
-    return _ask(url, path, params)
 
 
 def _ask(url: str, path: str, params: dict[str, str]) -> bytes:

@@ -23,27 +23,50 @@ the copies sent back after it are parked again behind it, in order, not counted 
 A held event sent back marked :data:`~streamapp.failures.republish.HELD_SKIP` (``streamapp parked
 skip``) is skipped for good instead: recorded in the lane's ``skipped`` state with the
 batch, logged, its stream version counted as applied; the only way an event is left out.
-A new live event of the stream during a release is parked behind the hold like any
-other, so it never overtakes a held one; the next replay sends it back after them.
+
+**One release is enough** (the design, against a release that has to be run again for
+what was parked while it ran). Each versioned event parked *behind* a hold is also kept
+in the lane's own state (``held_events``, :meth:`PartitionTables.keep
+<streamapp.tables.partition.PartitionTables.keep>`), in the same atomic write as the
+hold, the tables and the checkpoint, and in the changelog with them. When a release
+applies a held event (or skips it), the lane applies the events it kept behind it at
+once, in stream-version order, in the same delivery's turn (:func:`follow`), until none
+is left: the stream is released there. So a new live event of the stream that came
+before the release reached the lane (parked behind, kept) is applied right after the
+held ones by that same release, whether or not the replay's run saw its parked copy;
+one that comes after is applied live, the stream being released already. The order is
+the stream's, and a live event is never applied before a held one. Through ``kill -9``
+at any point the batch is written whole or not at all: the head's effects, the kept
+events' effects, the hold's end and the kept copies' removal together; the head comes
+again from the source and does the same. The copies of kept events that the replay
+sends back afterwards are skipped by the stream-version guard without a warning
+(:func:`~streamapp.engine.settle.settle_failed`). A kept event that fails again holds
+the stream again from it, without a new parked copy (its copy is parked already, from
+when it came); the next release applies it. Events without a stream version are not
+kept (nothing would tell a copy from a redelivery): they wait for their copies.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import orjson
 
+from ..agents.agent import handle
 from ..errors import DecodeError
 from ..events import Event
-from ..failures.outcomes import parking
+from ..failures.outcomes import Outcome, parking
 from ..failures.republish import HELD_PLACE, HELD_SKIP, HELD_STREAM
 from ..failures.retry_chain import header
 from ..records import Delivery, DeliveryRecord
 from ..tables.held import HeldStream
 from ..tables.partition import PartitionTables
+from .delivery import Decoder, decode_delivery
 from .interfaces import TaskMetrics
 
 if TYPE_CHECKING:
@@ -68,6 +91,8 @@ async def behind(
     record: Delivery,
     item: Event | DecodeError,
     metrics: TaskMetrics,
+    decode: Decoder,
+    counts: dict[Outcome, int],
 ) -> bool | str | None:
     """What the lane does with ``record`` of a stream it may hold. None: the stream is
     not held (or the guard skips the event, applied before the hold), the handler runs;
@@ -89,6 +114,7 @@ async def behind(
         if why is None:
             return RELEASE
         _skip(lane, tables, record, item, why.decode(errors="replace"))
+        await follow(lane, tables, item, decode, counts, metrics)
         return True
     if not sent_back and held.parked_already(version):
         return True
@@ -98,6 +124,8 @@ async def behind(
     if not await lane.park(_marked(record, held.stream, place), reason):
         return False
     tables.hold(after)
+    if not sent_back and version is not None:  # a copy sent back was kept when it came
+        tables.keep(held.stream, version, _kept(record))
     metrics.parked(lane.agent.name)
     log.debug(
         "agent %s: %s[%d]@%d parked behind held stream %r (place %d)",
@@ -150,6 +178,8 @@ def released(lane: Lane, tables: PartitionTables, item: Event | DecodeError) -> 
     if held is None:
         return
     version = item.stream_version
+    if version is not None:
+        tables.done_with(held.stream, version)
     if held.events <= 1 or (version is not None and held.last is not None and version >= held.last):
         tables.release(held.stream)
         log.warning(
@@ -159,6 +189,73 @@ def released(lane: Lane, tables: PartitionTables, item: Event | DecodeError) -> 
         )
         return
     tables.hold(held.applied(version))
+
+
+async def release_next(
+    lane: Lane,
+    tables: PartitionTables,
+    item: Event | DecodeError,
+    decode: Decoder,
+    counts: dict[Outcome, int],
+    metrics: TaskMetrics,
+) -> None:
+    """The head of a held stream, sent back, was applied (or filtered): move the hold
+    on (:func:`released`), then apply what the lane kept behind it (:func:`follow`)."""
+    released(lane, tables, item)
+    await follow(lane, tables, item, decode, counts, metrics)
+
+
+async def follow(
+    lane: Lane,
+    tables: PartitionTables,
+    item: Event | DecodeError,
+    decode: Decoder,
+    counts: dict[Outcome, int],
+    metrics: TaskMetrics,
+) -> None:
+    """After a release applied (or skipped) ``item``, a held event: apply the events the
+    lane kept behind it, lowest stream version first, while its stream is held (the
+    module's "one release is enough"). A kept event that does not settle holds the
+    stream again from it; its parked copy stays where it is, for the next release."""
+    if isinstance(item, DecodeError) or item.stream_id is None or item.stream_version is None:
+        return
+    sid, after = item.stream_id, item.stream_version
+    while (held := tables.held(sid)) is not None:
+        found = tables.next_kept(sid, after)
+        if found is None:
+            return
+        after, raw = found
+        record = _delivery(raw)
+        event = decode_delivery(decode, record)
+        handled = await handle(
+            lane.agent, event, tables, lane.views, lane.outbox, lane.send, lane.run
+        )
+        counts[handled.outcome] = counts.get(handled.outcome, 0) + 1
+        if not handled.outcome.settles or isinstance(event, DecodeError):
+            metrics.failed_attempts(lane.agent.name, 1)
+            again = replace(
+                held,
+                first=after,
+                exact=True,
+                position=record.position,
+                event=getattr(event, "id", ""),
+                error=handled.reason,
+            )
+            tables.hold(again)
+            log.warning(
+                "agent %s: stream %r is held again from %d (%s[%d]@%d, kept behind its "
+                "hold and applied by the release): %s; its parked copy is in the parking "
+                "destination already: the next release applies it",
+                lane.agent.name,
+                sid,
+                after,
+                record.topic,
+                record.partition,
+                record.position,
+                handled.reason,
+            )
+            return
+        released(lane, tables, event)
 
 
 async def hold_failed(lane: Lane, record: Delivery, item: Event, reason: str) -> bool:
@@ -213,6 +310,35 @@ def _marked(record: Delivery, stream: str, place: int) -> Delivery:
     )
     return DeliveryRecord(
         record.topic, record.partition, record.position, record.key, record.value, headers
+    )
+
+
+def _kept(record: Delivery) -> bytes:
+    """``record`` as the lane keeps it behind a hold (JSON, bytes in base64)."""
+    b64 = base64.b64encode
+    return orjson.dumps(
+        {
+            "topic": record.topic,
+            "partition": record.partition,
+            "position": record.position,
+            "key": None if record.key is None else b64(record.key).decode(),
+            "value": None if record.value is None else b64(record.value).decode(),
+            "headers": [[n, b64(v).decode()] for n, v in record.headers],
+        }
+    )
+
+
+def _delivery(raw: bytes) -> DeliveryRecord:
+    """A kept record (:func:`_kept`) as the delivery it was."""
+    body = orjson.loads(raw)
+    key, value = body["key"], body["value"]
+    return DeliveryRecord(
+        str(body["topic"]),
+        int(body["partition"]),
+        int(body["position"]),
+        None if key is None else base64.b64decode(key),
+        None if value is None else base64.b64decode(value),
+        tuple((str(n), base64.b64decode(v)) for n, v in body["headers"]),
     )
 
 

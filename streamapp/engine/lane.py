@@ -54,7 +54,7 @@ from ..tables.partition import PartitionTables
 from .attempts import Attempts
 from .blocking import HandlerThread
 from .delivery import Decoder, Parker, decode_delivery
-from .hold import RELEASE, behind, holds_streams, released
+from .hold import RELEASE, behind, holds_streams, release_next
 from .interfaces import TaskMetrics
 from .metrics import NO_METRICS
 from .phase import Phase
@@ -288,7 +288,7 @@ async def _run(
                 item = decode_delivery(decode, record)
             holding, parked = holding_of[k], None
             if holding is not None:
-                parked = await behind(lane, holding, record, item, metrics)
+                parked = await behind(lane, holding, record, item, metrics, decode, counts[k])
                 if parked is not None and parked is not RELEASE:
                     counts[k][Outcome.HELD] = counts[k].get(Outcome.HELD, 0) + 1
                     if parked:
@@ -307,13 +307,13 @@ async def _run(
                 delivered[k] += 1
                 unversioned[k] += handled is UNVERSIONED
                 if parked is RELEASE and holding is not None:
-                    released(lane, holding, item)
+                    await release_next(lane, holding, item, decode, counts[k], metrics)
                 reached[k] = position + 1
                 continue
             settled, handled = await settle_failed(lane, record, item, handled, counts[k], metrics)
             if settled:
                 if parked is RELEASE and holding is not None and handled.outcome.settles:
-                    released(lane, holding, item)
+                    await release_next(lane, holding, item, decode, counts[k], metrics)
                 reached[k] = position + 1
             elif handled.outcome is Outcome.UNAVAILABLE:
                 run.unavailable = True
@@ -372,7 +372,7 @@ async def _run_one(
         item = decode_delivery(decode, record)
         parked = None
         if holding is not None:
-            parked = await behind(lane, holding, record, item, metrics)
+            parked = await behind(lane, holding, record, item, metrics, decode, counts)
             if parked is not None and parked is not RELEASE:
                 counts[Outcome.HELD] = counts.get(Outcome.HELD, 0) + 1
                 if parked:
@@ -389,7 +389,7 @@ async def _run_one(
             if handled is UNVERSIONED:
                 unversioned += 1
             if parked is RELEASE and holding is not None:
-                released(lane, holding, item)
+                await release_next(lane, holding, item, decode, counts, metrics)
             reached = position + 1
             continue
         policy_started = time.monotonic()
@@ -397,7 +397,7 @@ async def _run_one(
         elsewhere += time.monotonic() - policy_started
         if settled:
             if parked is RELEASE and holding is not None and handled.outcome.settles:
-                released(lane, holding, item)
+                await release_next(lane, holding, item, decode, counts, metrics)
             reached = position + 1
             continue
         if handled.outcome is Outcome.UNAVAILABLE:

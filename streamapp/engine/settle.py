@@ -7,7 +7,10 @@ stops the run there. :func:`settle_failed` is called by the lanes' run
 (:func:`~streamapp.engine.lane.run_lanes`) once per such delivery and lane; one line is
 logged per failure, with the traceback the first time per partition. A record sent back
 by a replay (``streamapp-replayed``) that the stream-version guard skips because its
-stream applied a later event meanwhile is logged as a WARNING: its table misses it.
+stream applied a later event meanwhile is logged as a WARNING: its table misses it; but
+not a held event's copy in a lane that holds streams: such a lane applies held events in
+order, so its stream passed the event by applying it (:func:`~.hold.follow`) or by a
+skip on purpose.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from ..errors import DecodeError
 from ..events import Event
 from ..failures import retry_chain as chain
 from ..failures.outcomes import FailurePolicy, Outcome, Park, Redeliver, Retry
-from ..failures.republish import REPLAYED
+from ..failures.republish import HELD_SKIP, HELD_STREAM, REPLAYED
 from ..logs import Gate
 from ..records import Delivery
 from .backoff import pause
-from .hold import hold_failed
+from .hold import hold_failed, holds_streams
 from .interfaces import TaskMetrics
 
 if TYPE_CHECKING:
@@ -160,6 +163,19 @@ def _moved_on(lane: Lane, record: Delivery, item: Event | DecodeError) -> None:
     if applied <= version:
         return
     agent = lane.agent
+    if chain.header(record.headers, HELD_STREAM) is not None and holds_streams(lane) is not None:
+        if chain.header(record.headers, HELD_SKIP) is not None:
+            log.warning(
+                "agent %s: the skip of event %s of stream %r (version %d, %s) came after the "
+                "release applied it, in order: nothing is skipped (skip the event that "
+                "holds the stream: `streamapp parked list --held`)",
+                agent.name,
+                item.id,
+                sid,
+                version,
+                where.decode(errors="replace"),
+            )
+        return  # applied in order by the release (or skipped on purpose): not missed
     log.warning(
         "agent %s skipped %s, sent back by a replay: its stream %r moved on while it was "
         "held: the event is stream version %d and table %s has applied the stream through "

@@ -134,7 +134,7 @@ def _lane_status(lane: Lane) -> dict[str, object]:
 def _held(lane: Lane) -> dict[str, object]:
     """A lane's held streams (``Park(destination, hold="stream")``): their count, the
     events they hold, each with its error, and the held events skipped on purpose (``streamapp
-    parked skip``; up to 1,000 counted); nothing for a lane that never holds."""
+    parked skip``, counted in memory); nothing for a lane that never holds."""
     counts = held_counts([lane]).get(lane.name)
     if counts is None or lane.tables is None:
         return {}
@@ -142,7 +142,7 @@ def _held(lane: Lane) -> dict[str, object]:
         "held_streams": counts[0],
         "held_events": counts[1],
         "held": [h.as_json() for h in lane.tables.held_streams().values()],
-        "skipped": len(lane.tables.skipped()),
+        "skipped": lane.tables.skips,
     }
 
 

@@ -27,6 +27,7 @@ from .model import (
     ON_DUPLICATE,
     PARKED_AGAIN,
     PENDING,
+    RELEASE_RUN,
     RESENT_OUTCOMES,
     Append,
     AppendResult,
@@ -49,6 +50,7 @@ __all__ = [
     "ON_DUPLICATE",
     "PARKED_AGAIN",
     "PENDING",
+    "RELEASE_RUN",
     "RESENT_OUTCOMES",
     "STORED_TWICE_SQL",
     "Append",
@@ -211,8 +213,9 @@ class EventStoreBackend(EventStore, Protocol):
         ...
 
     async def resent_through(self, app_id: str, destination: str) -> int:
-        """The highest parked row id of ``destination`` sent back for ``app_id`` (0:
-        none): where a replay run without ``--from`` starts after."""
+        """The highest parked row id of ``destination`` sent back for ``app_id`` by a
+        replay run (0: none; a release's runs, :data:`RELEASE_RUN`, are not counted):
+        where a replay run without ``--from`` starts after."""
         ...
 
     async def record_resent(self, app_id: str, outcomes: Mapping[int, str]) -> None:

@@ -131,6 +131,12 @@ PENDING, APPLIED, FILTERED, PARKED_AGAIN = "pending", "applied", "filtered", "pa
 table's stream-version guard skipped it), ``parked again`` (it failed again)."""
 RESENT_OUTCOMES = (PENDING, APPLIED, FILTERED, PARKED_AGAIN)
 
+RELEASE_RUN = "release-"
+"""How the run of a held-stream release or skip (``streamapp store parked release``,
+``skip``) names itself in the resend log: its entries do not move the replay mark
+(:meth:`~streamapp.eventstore.base.EventStoreBackend.resent_through`), as a release on a
+broker leaves the replay mark alone."""
+
 
 def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
     """Headers as JSON text (values base64): bytes round-trip exactly, order kept."""

@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import orjson
+
 from ..errors import ReplayError
 from ..records import CHAIN, Delivery, Headers, Message, Stamped
 
@@ -156,7 +158,7 @@ def sent_back(
         if stream is not None and _first(record.headers, HELD_STREAM) != stream.encode():
             continue
         headers = list(record.headers)
-        if skip is not None and _first(headers, "ce_id") == skip.encode():
+        if skip is not None and event_id(headers, record.value) == skip:
             headers.append((HELD_SKIP, b"skipped on purpose"))
         where = f"{record.topic}/{record.partition}/{record.position}"
         out.append(back_to_origin(Held(where, record.key, record.value, headers), topics))
@@ -165,6 +167,28 @@ def sent_back(
 
 def _first(headers: Headers, name: str) -> bytes | None:
     return next((v for n, v in headers if n == name), None)
+
+
+ID_HEADERS = ("ce_id", "cloudEvents_id", "cloudEvents:id")
+"""The CloudEvent id as a binary-mode header (Kafka, AMQP 0-9-1)."""
+
+
+def event_id(headers: Headers, value: bytes | None) -> str | None:
+    """The CloudEvent id of a record as held: its binary-mode id header, else the ``id``
+    of a structured-mode JSON body (``application/cloudevents+json``, or a JSON object
+    with ``specversion`` sent without that content type); None: neither."""
+    for name, raw in headers:
+        if name in ID_HEADERS:
+            return raw.decode(errors="replace")
+    if not value or value.lstrip()[:1] != b"{":
+        return None
+    try:
+        body = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or "specversion" not in body or body.get("id") is None:
+        return None
+    return str(body["id"])
 
 
 @dataclass(frozen=True)

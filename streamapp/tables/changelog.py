@@ -16,7 +16,8 @@ keys carry a one-byte tag so that compaction keeps each kind apart:
 ``name@vN`` above version 1), ``b"v" + stream id`` the last applied stream version
 (8 bytes, big-endian), ``b"h" + stream id`` a held stream (JSON, :mod:`.held`; a null
 value releases it), ``b"s" + stream id + b"\\0" + event id`` a held event skipped for good
-(JSON), ``b"c"`` the checkpoint (JSON).
+(JSON), ``b"e" + stream id + b"\\0" + stream version`` an event kept behind a held stream
+(a null value: done with), ``b"c"`` the checkpoint (JSON).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .checkpoint import Checkpoint
 from .partition import (
     CHECKPOINT_KEY,
     HELD,
+    KEPT,
     META,
     SKIPPED,
     VERSIONS,
@@ -40,6 +42,7 @@ DATA = b"d"
 VERSION = b"v"
 HOLD = b"h"
 SKIP = b"s"
+KEEP = b"e"
 CHECKPOINT = b"c"
 SEP = b"\x00"
 
@@ -56,6 +59,8 @@ def records(batch: BatchChanges) -> Iterator[tuple[bytes, bytes | None]]:
         yield HOLD + sid, held
     for key, skip in batch.skipped.items():
         yield SKIP + key, skip
+    for key, kept in batch.kept.items():
+        yield KEEP + key, kept
     yield CHECKPOINT, batch.checkpoint.positions()
 
 
@@ -76,7 +81,12 @@ class RestoreChunk:
 
     def __init__(self, tables: PartitionTables) -> None:
         self._spaces = {t.label.encode(): t.data_space for t in tables.tables}
-        self.changes: dict[str, dict[bytes, bytes | None]] = {VERSIONS: {}, HELD: {}, SKIPPED: {}}
+        self.changes: dict[str, dict[bytes, bytes | None]] = {
+            VERSIONS: {},
+            HELD: {},
+            SKIPPED: {},
+            KEPT: {},
+        }
         self.checkpoint: bytes | None = None
         self.checkpoint_offset = -1
         self.skipped = 0
@@ -101,6 +111,8 @@ class RestoreChunk:
             self.changes[HELD][key[1:]] = value
         elif tag == SKIP:
             self.changes[SKIPPED][key[1:]] = value
+        elif tag == KEEP:
+            self.changes[KEPT][key[1:]] = value
         elif tag == CHECKPOINT and value is not None:
             self.checkpoint, self.checkpoint_offset = value, offset
         else:
@@ -139,6 +151,8 @@ class RestoreChunk:
                 held[key[1:]] = rec.value
             elif tag == SKIP:
                 self.changes[SKIPPED][key[1:]] = rec.value
+            elif tag == KEEP:
+                self.changes[KEPT][key[1:]] = rec.value
             else:
                 self.skipped += 1
         self.taken += taken
@@ -152,5 +166,5 @@ class RestoreChunk:
         self.changes[META] = {CHECKPOINT_KEY: cp.encode()}
         tables.store.write(self.changes)
         tables.checkpoint = cp
-        if self.changes[HELD]:
+        if self.changes[HELD] or self.changes[SKIPPED]:
             tables.reload_held()

@@ -2,8 +2,8 @@
 
 All tables of an agent for one partition share one Store, so a batch's changes to every
 table, the per-stream versions (kept once per partition, in the ``versions`` space), the
-held streams (``held``, :mod:`streamapp.tables.held`) and the checkpoint land in one
-atomic write.
+held streams (``held``, :mod:`streamapp.tables.held`), the held events a release applies
+from the lane's own copy (``held_events``) and the checkpoint land in one atomic write.
 """
 
 from __future__ import annotations
@@ -23,12 +23,16 @@ META = "meta"
 VERSIONS = "versions"
 HELD = "held"
 SKIPPED = "skipped"
+KEPT = "held_events"
+"""The versioned events parked behind a held stream, kept by stream and stream version
+(``stream + b"\\0" + 8 bytes big-endian``), so that a release applies them right after
+the held ones (:mod:`streamapp.engine.hold`)."""
 CHECKPOINT_KEY = b"checkpoint"
 
 
 def spaces_for(tables: Sequence[Table[Any]]) -> list[str]:
     """The store spaces a partition of these tables needs."""
-    return [META, VERSIONS, HELD, SKIPPED, *(t.data_space for t in tables)]
+    return [META, VERSIONS, HELD, SKIPPED, KEPT, *(t.data_space for t in tables)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +47,17 @@ class BatchChanges:
     """Held streams set (an encoded :class:`HeldStream`) or released (None)."""
     skipped: dict[bytes, bytes] = field(default_factory=dict)
     """Held events skipped for good (``streamapp parked skip``), by stream and event id."""
+    kept: dict[bytes, bytes | None] = field(default_factory=dict)
+    """Events parked behind a held stream kept (a delivery) or done with (None)."""
 
     @property
     def empty(self) -> bool:
         return (
-            not self.versions and not self.held and not self.skipped and not any(self.data.values())
+            not self.versions
+            and not self.held
+            and not self.skipped
+            and not self.kept
+            and not any(self.data.values())
         )
 
 
@@ -57,6 +67,11 @@ def encode_version(version: int) -> bytes:
 
 def decode_version(raw: bytes | None) -> int:
     return 0 if raw is None else int.from_bytes(raw, "big")
+
+
+def kept_key(stream_id: str, version: int) -> bytes:
+    """The key of stream ``stream_id``'s kept event of stream version ``version``."""
+    return stream_id.encode() + b"\0" + encode_version(version)
 
 
 class PartitionTables:
@@ -91,6 +106,10 @@ class PartitionTables:
         """Holds set (or released: None) in the open batch."""
         self._skipped_open: dict[bytes, bytes] = {}
         """Skips recorded in the open batch."""
+        self._kept_open: dict[bytes, bytes | None] = {}
+        """Held events kept (or done with: None) in the open batch."""
+        self._skips = 0
+        """The skips recorded here (committed): counted at open, then at each write."""
         self.reload_held()
 
     def applied_version(self, stream_id: str) -> int:
@@ -140,6 +159,45 @@ class PartitionTables:
         """The skips recorded here (committed), at most ``limit``."""
         return [raw for _, raw in self.store.scan(SKIPPED, None, limit)]
 
+    @property
+    def skips(self) -> int:
+        """How many skips are recorded here (committed), kept in memory: what ``/status``
+        shows without reading the ``skipped`` space."""
+        return self._skips
+
+    def keep(self, stream_id: str, version: int, record: bytes) -> None:
+        """Keep, in the open batch, ``record``: the event of stream version ``version``
+        parked behind the hold of ``stream_id``."""
+        self._kept_open[kept_key(stream_id, version)] = record
+
+    def done_with(self, stream_id: str, version: int) -> None:
+        """Forget, in the open batch, the kept event of ``stream_id`` at ``version``."""
+        self._kept_open[kept_key(stream_id, version)] = None
+
+    def next_kept(self, stream_id: str, after: int) -> tuple[int, bytes] | None:
+        """The kept event of ``stream_id`` with the lowest stream version above ``after``
+        (open batch included), with its version; None: there is none."""
+        prefix = stream_id.encode() + b"\0"
+        low = kept_key(stream_id, after)
+        opened = [
+            k for k, raw in self._kept_open.items() if raw is not None and k.startswith(prefix)
+        ]
+        best = min((k for k in opened if k > low), default=None)
+        cursor = low
+        while (page := self.store.scan(KEPT, cursor, 16)) and (best is None or page[0][0] < best):
+            fresh = [k for k, _ in page if k.startswith(prefix) and k not in self._kept_open]
+            if fresh:
+                best = fresh[0] if best is None else min(fresh[0], best)
+                break
+            if not page[-1][0].startswith(prefix):
+                break
+            cursor = page[-1][0]
+        if best is None:
+            return None
+        raw = self._kept_open.get(best) or self.store.get(KEPT, best)
+        assert raw is not None
+        return decode_version(best[len(prefix) :]), raw
+
     def held_streams(self) -> dict[str, HeldStream]:
         """The committed held streams (what views and status report)."""
         return dict(self._held)
@@ -157,12 +215,20 @@ class PartitionTables:
                 held[key.decode()] = HeldStream.decode(raw)
             after = page[-1][0]
         self._held, self._held_open = held, {}
+        self._skips = self._count(SKIPPED)
+
+    def _count(self, space: str) -> int:
+        """The keys of ``space`` (read in pages: the skips are few)."""
+        n, after = 0, None
+        while page := self.store.scan(space, after, 1000):
+            n, after = n + len(page), page[-1][0]
+        return n
 
     def wipe(self) -> None:
         """Empty the store (every space) and forget its checkpoint and holds."""
         self.store.wipe()
         self.checkpoint = Checkpoint()
-        self._held, self._held_open = {}, {}
+        self._held, self._held_open, self._kept_open, self._skips = {}, {}, {}, 0
 
     def view(self, table: str) -> TableView[Any]:
         """This partition's view of the table labelled ``table`` (``Table.label``)."""
@@ -190,16 +256,22 @@ class PartitionTables:
             sid.encode(): None if h is None else h.encode() for sid, h in self._held_open.items()
         }
         skipped, self._held_open, self._skipped_open = self._skipped_open, {}, {}
+        kept, self._kept_open = self._kept_open, {}
         checkpoint = checkpoint.advanced(mark=new_mark())
         return BatchChanges(
-            data=data, versions=versions, checkpoint=checkpoint, held=held, skipped=skipped
+            data=data,
+            versions=versions,
+            checkpoint=checkpoint,
+            held=held,
+            skipped=skipped,
+            kept=kept,
         )
 
     def drop_batch(self) -> None:
         """Forget the open batch (a failed flush, or a failed event's leftovers)."""
         self._vbatch.clear()
         self._vevent.clear()
-        self._held_open, self._skipped_open = {}, {}
+        self._held_open, self._skipped_open, self._kept_open = {}, {}, {}
         for view in self.views:
             view.take_batch()
             view.rollback_event()
@@ -214,6 +286,8 @@ class PartitionTables:
             changes[HELD] = batch.held
         if batch.skipped:
             changes[SKIPPED] = dict(batch.skipped)
+        if batch.kept:
+            changes[KEPT] = dict(batch.kept)
         changes[META] = {CHECKPOINT_KEY: checkpoint.encode()}
         return changes
 
@@ -234,8 +308,10 @@ class PartitionTables:
             checkpoint = batch.checkpoint.advanced(
                 changelog=changelog, written_ms=now, marked=changelog - 1
             )
+        new_skips = sum(self.store.get(SKIPPED, key) is None for key in batch.skipped)
         self.store.write(self.store_changes(batch, checkpoint))
         self.checkpoint = checkpoint
+        self._skips += new_skips
         for sid, raw in batch.held.items():
             if raw is None:
                 self._held.pop(sid.decode(), None)

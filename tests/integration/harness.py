@@ -192,9 +192,15 @@ def order_events(
 
 
 async def produce(
-    bootstrap: str, topic: str, events: list[Event], *, rate: float | None = None
+    bootstrap: str,
+    topic: str,
+    events: list[Event],
+    *,
+    rate: float | None = None,
+    structured: frozenset[str] = frozenset(),
 ) -> None:
-    """Publish ``events`` in binary mode with ``acks=all``; ``rate`` caps events per second."""
+    """Publish ``events`` in binary mode with ``acks=all`` (those whose id is in
+    ``structured`` in structured mode); ``rate`` caps events per second."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5
     )
@@ -203,7 +209,8 @@ async def produce(
         started = time.monotonic()
         futures = []
         for i, event in enumerate(events):
-            key, value, headers = codec.encode(event)
+            encode = codec.encode_structured if event.id in structured else codec.encode
+            key, value, headers = encode(event)
             futures.append(await producer.send(topic, value, key=key, headers=headers))
             if rate is not None and i % 500 == 499:
                 ahead = (i + 1) / rate - (time.monotonic() - started)

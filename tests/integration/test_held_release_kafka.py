@@ -2,7 +2,8 @@
 with a real worker: two streams held among twenty; ``list --held`` shows each with its
 error; ``release --stream A --dry-run`` sends nothing, ``release --stream A`` releases A
 alone (B stays held, its records left for later); ``skip --stream B --event ID --yes``
-leaves B's poison out on purpose, recorded and counted, and releases the rest of B.
+leaves B's poison out on purpose, recorded and counted, and releases the rest of B. B's
+poison is a structured-mode CloudEvent (its id in the JSON body, not in a header).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ async def test_release_one_stream_list_the_held_and_skip_an_event(
         for v in (1, 2, 3)
         for i, sid in enumerate(streams)
     ]
+    (poison,) = [e for e in sent if e.stream_id == b and e.stream_version == 2]
     worker = WorkerProc(
         kafka_bootstrap, ns, tmp_path / "data", tmp_path / "w.log", app_ref=APP, extra_env=env
     ).start()
@@ -71,7 +73,7 @@ async def test_release_one_stream_list_the_held_and_skip_an_event(
 
     try:
         await wait_ready(worker)
-        await produce(kafka_bootstrap, source, sent)
+        await produce(kafka_bootstrap, source, sent, structured=frozenset([poison.id]))
         await wait_held(worker, 2, 4)
 
         listed = cli("list", "--held")
@@ -100,7 +102,6 @@ async def test_release_one_stream_list_the_held_and_skip_an_event(
         assert got[b][1] == "2"
 
         gate.touch()  # b's poison can never be applied: skip it, on purpose
-        (poison,) = [e for e in sent if e.stream_id == b and e.stream_version == 2]
         refused = cli("skip", "--topic", parking, "--stream", b, "--event", poison.id)
         assert refused.returncode == 2
         assert "--yes" in refused.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamapp import App, Event, Outcome, Park, Redeliver, Table, TableView
+from streamapp.codecs import kafka as kafka_codec
 from streamapp.engine.hold import HELD_PLACE, HELD_STREAM
 from streamapp.errors import ConfigError
 from streamapp.failures.outcomes import check_policy
@@ -259,9 +260,13 @@ async def test_a_replayed_event_that_fails_again_holds_the_stream_again_from_it(
     assert broker.table("balances")["b"] == 26
 
 
-async def test_live_events_of_a_held_stream_during_its_release_wait_behind_it() -> None:
-    """New live events of b arrive while b's release is under way: they are parked
-    behind it, never applied before the held ones; the next replay releases all."""
+async def test_live_events_of_a_held_stream_during_its_release_are_released_by_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new live event of b comes before the held ones come back (parked behind them, and
+    kept by the lane), another after them: one replay applies 2, 3, then 4 right after
+    them, and 5 live, in order; nothing stays held, and the copy of 4 that a later replay
+    sends back is skipped by its stream version without a warning."""
     fixed = {"fixed": False}
     app = App("bank")
     balances: Table[int] = Table("balances")
@@ -280,16 +285,39 @@ async def test_live_events_of_a_held_stream_during_its_release_wait_behind_it() 
     await broker.process()
     fixed["fixed"] = True
     _send(broker, "b", 4, 4)  # live, before the held ones come back
-    broker.replay_parked("parked")
+    assert broker.replay_parked("parked") == 2  # 2 and 3: 4 is parked after the run began
     _send(broker, "b", 5, 5)  # live, after them
     await broker.process()
-    assert broker.table("balances")["b"] == 11  # 1, 2*1+2, 2*4+3: 4 and 5 wait
-    (held,) = broker.held("apply").values()
-    assert (held.first, held.events, held.last) == (4, 2, 5)
-    assert broker.replay_parked("parked") == 2
-    await broker.process()
     assert broker.held("apply") == {}
-    assert broker.table("balances")["b"] == 57  # 1, 4, 11, 26, 57
+    assert broker.table("balances")["b"] == 57  # 1, 4, 11, 26, 57: one replay
+    assert broker.replay_parked("parked") == 1  # 4's copy, applied already
+    await broker.process()
+    assert broker.table("balances")["b"] == 57
+    assert "moved on while it was held" not in caplog.text
+
+
+def test_kept_events_are_written_with_the_batch_and_restored_from_its_changelog_records() -> None:
+    """The events kept behind a hold travel in the batch and its changelog records: a
+    restore finds them, lowest stream version first; one done with is gone."""
+    table: Table[int] = Table("n")
+    tables = PartitionTables([table], MemoryStore(spaces_for([table])), 0)
+    tables.keep("s", 4, b"four")
+    tables.keep("s", 3, b"three")
+    tables.keep("t", 1, b"other")
+    assert tables.next_kept("s", 2) == (3, b"three")  # the open batch
+    batch = tables.take_batch(tables.checkpoint)
+    tables.write(batch)
+    assert (tables.next_kept("s", 2), tables.next_kept("s", 3)) == ((3, b"three"), (4, b"four"))
+    tables.done_with("s", 3)
+    assert tables.next_kept("s", 2) == (4, b"four")
+    done = tables.take_batch(tables.checkpoint)
+    restored = PartitionTables([table], MemoryStore(spaces_for([table])), 0)
+    chunk = RestoreChunk(restored)
+    for key, value in [*records(batch), *records(done)]:
+        chunk.apply(key, value)
+    chunk.write(restored, 1)
+    assert (restored.next_kept("s", 0), restored.next_kept("s", 4)) == ((4, b"four"), None)
+    assert restored.next_kept("t", 0) == (1, b"other")
 
 
 async def test_a_skip_leaves_one_held_event_out_on_purpose_and_releases_the_rest() -> None:
@@ -335,3 +363,22 @@ def test_a_skip_is_written_with_the_batch_and_restored_from_its_changelog_record
         chunk.apply(key, value)
     chunk.write(restored, 1)
     assert restored.skipped() == [b'{"stream":"s","event":"e2"}']
+    assert (tables.skips, restored.skips) == (1, 1)  # counted in memory, restored at open
+    assert PartitionTables([table], restored.store, 0).skips == 1
+
+
+async def test_a_skip_finds_the_id_of_a_structured_mode_event() -> None:
+    """The poison event is a structured-mode CloudEvent (its id in the JSON body, no
+    ``ce_id`` header): the skip finds it by that id and releases the rest in order."""
+    _, broker = _fixable_bank()  # never fixed
+    _send(broker, "b", 1, 1)
+    poison = Event.create("moved", stream_id="b", version=2, data={"amount": 2, "poison": True})
+    key, value, headers = kafka_codec.encode_structured(poison)
+    broker.send_raw("tx", value, key=key, headers=headers)
+    _send(broker, "b", 3, 3)
+    await broker.process()
+    assert "ce_id" not in dict(broker.records("parked")[0].headers)
+    assert broker.replay_parked("parked", stream="b", skip=poison.id) == 2
+    await broker.process()
+    assert broker.held("apply") == {}
+    assert broker.table("balances")["b"] == 1 * 2 + 3  # 2 left out, on purpose

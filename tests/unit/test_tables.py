@@ -48,6 +48,7 @@ def test_spaces_for() -> None:
         "versions",
         "held",
         "skipped",
+        "held_events",
         "t:a",
         "t:b",
     ]

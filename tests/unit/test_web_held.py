@@ -94,5 +94,5 @@ async def test_streamapp_tables_counts_the_held_streams_of_each_agent() -> None:
         await runner.cleanup()
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
-        "order_status v1 active 4/4, 1 held streams of agent project (2 events)"
+        "order_status v1 active 4/4, 1 held streams of agent project (2 events; worker w1: 1)"
     ]

@@ -43,6 +43,7 @@ from ...settings.store_url import SETTING
 from ..append import EventKey, SqlEventStore, event_keys, plan_batch
 from ..model import (
     PENDING,
+    RELEASE_RUN,
     Append,
     BatchResult,
     OnDuplicate,
@@ -340,8 +341,9 @@ class PostgresEventStore(SqlEventStore):
     async def resent_through(self, app_id: str, destination: str) -> int:
         rows = await self._rows(
             "SELECT max(r.parked_id) FROM streamapp_resent r JOIN streamapp_parked p "
-            "ON p.id = r.parked_id WHERE r.app_id = %s AND p.destination = %s",
-            (app_id, destination),
+            "ON p.id = r.parked_id WHERE r.app_id = %s AND p.destination = %s "
+            "AND r.run NOT LIKE %s",
+            (app_id, destination, RELEASE_RUN + "%"),
             "reading the resend log",
         )
         return int(rows[0][0] or 0) if rows else 0

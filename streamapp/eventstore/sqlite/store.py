@@ -32,6 +32,7 @@ from ..append import EventKey, SqlEventStore, event_keys, plan_batch
 from ..base import worker_locked
 from ..model import (
     PENDING,
+    RELEASE_RUN,
     Append,
     BatchResult,
     OnDuplicate,
@@ -245,9 +246,11 @@ class SqliteEventStore(SqlEventStore):
     async def resent_through(self, app_id: str, destination: str) -> int:
         sql = (
             "SELECT max(r.parked_id) FROM streamapp_resent r JOIN streamapp_parked p "
-            "ON p.id = r.parked_id WHERE r.app_id = ? AND p.destination = ?"
+            "ON p.id = r.parked_id WHERE r.app_id = ? AND p.destination = ? "
+            "AND r.run NOT LIKE ?"
         )
-        row = await self._run(lambda: self._conn.execute(sql, (app_id, destination)).fetchone())
+        args = (app_id, destination, RELEASE_RUN + "%")
+        row = await self._run(lambda: self._conn.execute(sql, args).fetchone())
         return int(row[0] or 0)
 
     async def record_resent(self, app_id: str, outcomes: Mapping[int, str]) -> None:
