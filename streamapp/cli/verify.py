@@ -46,6 +46,11 @@ RETRY_S = 0.5
 @click.option("--sample", type=int, help="K streams picked at random from the store.")
 @url_option
 @click.option("--json", "as_json", is_flag=True, help="The summary and differences as JSON.")
+@click.option(
+    "--report",
+    is_flag=True,
+    help="Tell the worker asked (its /metrics: streamapp_verify_last_differences).",
+)
 def verify_command(
     app_ref: str,
     table: str,
@@ -54,6 +59,7 @@ def verify_command(
     sample: int | None,
     url: str | None,
     as_json: bool,
+    report: bool,
 ) -> None:
     """Rebuild TABLE's streams from the event store and compare them with the live table."""
     if partitions and sample:
@@ -70,6 +76,8 @@ def verify_command(
         result = asyncio.run(
             _run(app, settings.event_store, chosen, views, sample, wanted, embedded)
         )
+        if report:
+            asyncio.run(_report(views, result))
     except StreamappError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -84,6 +92,28 @@ def verify_command(
             )
     if not result.ok:
         raise SystemExit(1)
+
+
+async def _report(views: str, result: Verification) -> None:
+    """POST the counts to the worker's ``/verify/report`` (its metric)."""
+    import aiohttp
+
+    token = os.environ.get("STREAMAPP_WEB_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    body = result.as_dict()
+    del body["differences"]
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+            http.post(views.rstrip("/") + "/verify/report", json=body, headers=headers) as r,
+        ):
+            if r.status != 200:
+                raise StreamappError(
+                    f"--report: the worker at {views} answered {r.status}: "
+                    f"{(await r.read()).decode(errors='replace')}"
+                )
+    except aiohttp.ClientError as exc:
+        raise StreamappError(f"--report: cannot reach a worker at {views}: {exc}") from exc
 
 
 def _table(app: App, name: str, version: int | None) -> Table[Any]:

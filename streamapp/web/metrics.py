@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -45,6 +45,13 @@ class WorkerMetrics:
             "streamapp_handler_failures",
             "Deliveries whose handler raised.",
             ["agent"],
+            registry=r,
+        )
+        self.verify_differences = Gauge(
+            "streamapp_verify_last_differences",
+            "Keys that differed or were missing on one side in the last `streamapp verify "
+            "--report` of each table version (told to this worker).",
+            ["table", "version"],
             registry=r,
         )
         self.parks = Counter(
@@ -210,6 +217,10 @@ class WorkerMetrics:
         self.publish_failures.labels(sink, destination, outcome).inc(n)
         counts = self.sink_failures.setdefault(sink, {}).setdefault(destination, {})
         counts[outcome] = counts.get(outcome, 0) + n
+
+    def verified(self, table: str, version: int, differences: int) -> None:
+        """``streamapp verify --report`` told this worker what it found."""
+        self.verify_differences.labels(table, str(version)).set(differences)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text format."""

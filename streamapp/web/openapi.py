@@ -167,6 +167,13 @@ def document(app_id: str, version: str, tables: Sequence[Table[Any]] = ()) -> di
                     },
                 }
             },
+            "/verify/report": {
+                "post": {
+                    "summary": "What `streamapp verify --report` found ({table, version, "
+                    "differ, missing}): sets streamapp_verify_last_differences.",
+                    "responses": {"200": _json("The differences recorded."), **_errors(400, 401)},
+                }
+            },
             "/tables": {
                 "get": {
                     "summary": "Tables, partition counts, partitions owned here with phase, "

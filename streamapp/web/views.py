@@ -20,7 +20,7 @@ from . import health, openapi, security, tables
 from . import owner as forward
 from .explain import StoreFolds
 from .metrics import CONTENT_TYPE, WorkerMetrics
-from .responses import json_response, unavailable
+from .responses import error, json_response, unavailable
 
 __all__ = ["json_response", "make_app", "unavailable"]
 
@@ -52,6 +52,18 @@ def make_app(
     async def page(request: web.Request) -> web.Response:
         return web.Response(body=PAGE.read_bytes(), content_type="text/html", charset="utf-8")
 
+    async def verify_report(request: web.Request) -> web.Response:
+        """``POST /verify/report``: what ``streamapp verify --report`` found, for
+        ``streamapp_verify_last_differences``."""
+        try:
+            body = await request.json()
+            table, version = str(body["table"]), int(body["version"])
+            differences = int(body["differ"]) + int(body["missing"])
+        except (ValueError, KeyError, TypeError):
+            return error(400, "give JSON {table, version, differ, missing} (streamapp verify)")
+        metrics.verified(table, version, differences)
+        return json_response({"table": table, "version": version, "differences": differences})
+
     async def scrape(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
@@ -64,6 +76,7 @@ def make_app(
 
     health.add_routes(app, assignment, worker_id, history, last_stall, metrics.operations)
     app.router.add_get("/metrics", scrape)
+    app.router.add_post("/verify/report", verify_report)
     app.router.add_get("/openapi.json", openapi_json)
     app.router.add_get("/", page)
     tables.add_routes(app, assignment, worker_id, history, folds)

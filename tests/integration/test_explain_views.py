@@ -175,6 +175,16 @@ async def test_verify_finds_the_live_table_equal_and_a_changed_handler_different
         assert example["key"] in paid
         assert example["rebuilt"]["paid"] > example["live"]["paid"]
 
+        told = _verify(worker, "--report", bonus=1)
+        assert told.returncode == 1, told.stderr
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{worker.port}/metrics", headers=worker.auth) as r,
+        ):
+            scraped = await r.text()
+        line = f'streamapp_verify_last_differences{{table="totals",version="1"}} {len(paid)}.0'
+        assert line in scraped
+
         sampled = _verify(worker, "--sample", "5", "--json")
         assert json.loads(sampled.stdout)["checked"] == 5
         on_0 = {e.stream_id for e in events if partition_for((e.stream_id or "").encode(), 4) == 0}
