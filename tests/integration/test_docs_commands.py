@@ -45,7 +45,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -60,7 +59,7 @@ from streamapp import Event
 from streamapp.codecs import kafka as kafka_codec
 from tests.conftest import Services
 from tests.integration.harness import produce
-from tests.support.waits import Stalled, frozen, until_sync
+from tests.support.waits import Stalled, frozen, until_exit, until_sync
 from tests.unit.test_docs import PYTHON, SHELL, Block
 
 pytestmark = [pytest.mark.integration]
@@ -199,15 +198,10 @@ class Ran:
 def wait_for(
     what: str, done: Callable[[], bool], progress: Callable[[], object], stall_s: float = STALL_S
 ) -> None:
-    """Poll ``done`` until true; fail when ``progress()`` has not changed for ``stall_s``."""
-    last, moved = progress(), time.monotonic()
-    while not done():
-        now = progress()
-        if now != last:
-            last, moved = now, time.monotonic()
-        elif time.monotonic() - moved > stall_s:
-            raise AssertionError(f"{what}: no progress for {stall_s:.0f} s (last: {now!r})")
-        time.sleep(0.25)
+    """Poll ``done`` until true; fail when ``progress()`` gave nothing new for ``stall_s``
+    (:func:`~tests.support.waits.until_sync`; its ``repr``: the observation may hold
+    bytes or dicts)."""
+    until_sync(done, what=what, progress=lambda: repr(progress()), stalled_s=stall_s, poll_s=0.25)
 
 
 @contextmanager
@@ -229,10 +223,12 @@ def running(code: str, cwd: Path, env: dict[str, str], name: str = "block") -> I
             start_new_session=True,
         )
     try:
-        wait_for(  # progress: output, or CPU used by the group (a quiet pip install)
-            f"{name} in {cwd}:\n{code}\noutput:\n{log.read_text(errors='replace')[-3000:]}",
-            lambda: proc.poll() is not None,
-            lambda: (log.stat().st_size, group_stats(proc.pid)),
+        until_exit(  # progress: output, or CPU used by the group (a quiet pip install)
+            proc,
+            what=f"{name} in {cwd} exited",
+            progress=lambda: (log.stat().st_size, frozen(group_stats(proc.pid))),
+            stalled_s=STALL_S,
+            detail=lambda: f"{code}\noutput:\n{log.read_text(errors='replace')[-3000:]}",
         )
         yield Ran(proc.wait(), log)
     finally:
@@ -245,6 +241,18 @@ def run(code: str, cwd: Path, env: dict[str, str], name: str = "block") -> str:
     with running(code, cwd, env, name) as ran:
         assert ran.rc == 0, f"{name} exited {ran.rc}:\n{code}\noutput:\n{ran.out[-4000:]}"
         return ran.out
+
+
+def exits(proc: subprocess.Popen[bytes], log: Path) -> int:
+    """Until a stopped worker has exited: its exit code; fails, with its log's tail, once
+    it neither exited nor logged for STALL_S (it logs each partition it closes)."""
+    return until_exit(
+        proc,
+        what=f"worker (pid {proc.pid}) exited",
+        progress=lambda: log.stat().st_size,
+        stalled_s=STALL_S,
+        detail=lambda: log.read_text(errors="replace")[-3000:],
+    )
 
 
 def http_get(url: str) -> tuple[int, bytes]:
@@ -284,7 +292,7 @@ def worker(cwd: Path, env: dict[str, str], *args: str, port: int = 6066) -> Iter
         wait_for(f"worker on :{port} ready", ready, lambda: log.stat().st_size)
         yield log
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+        assert exits(proc, log) == 0, log.read_text()[-3000:]
     finally:
         stop_group(proc.pid)
         proc.wait(timeout=10)
@@ -502,7 +510,7 @@ def test_views_worker_commands(embedded_orders: tuple[Path, dict[str, str]]) -> 
                 lambda log=log, proc=proc: (log.stat().st_size, proc.poll()),
             )
             os.killpg(proc.pid, signal.SIGINT)
-            assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+            assert exits(proc, log) == 0, log.read_text()[-3000:]
         finally:
             stop_group(proc.pid)
             proc.wait(timeout=10)

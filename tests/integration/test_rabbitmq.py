@@ -133,8 +133,7 @@ async def test_topics_create_makes_the_topology_and_a_worker_names_what_is_missi
     worker = WorkerProc(
         "127.0.0.1:1", ns, tmp_path / "data", tmp_path / "w.log", extra_env=rabbit_env(amqp)
     ).start()
-    assert worker.proc is not None
-    code = worker.proc.wait(timeout=60)
+    code = worker.wait_exit()
     out = worker.log_text()
     assert code != 0
     assert f"queue {ns}orders.3" in out

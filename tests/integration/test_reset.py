@@ -252,8 +252,7 @@ async def test_kafka_reset_remakes_a_changelog_as_declared_and_waits_out_a_kille
         return WorkerProc(bootstrap, ns, data, log, app_ref=APP, extra_env=dict(session))
 
     refused = worker().start()
-    assert refused.proc is not None
-    assert refused.proc.wait(timeout=60) != 0
+    assert refused.wait_exit() != 0
     assert f"topic {changelog!r} has 2 partitions but the app declares 4" in refused.log_text()
 
     done = run(env, "reset", "-A", APP, "--data-dir", str(data), "--yes")

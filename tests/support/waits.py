@@ -11,14 +11,21 @@ wait, so a value that flaps (``None``, then a status, then ``None``) does not ho
 stuck wait open; make it monotone (a count, an offset) where it can go back. Without
 ``progress`` the check's own state is all there is: the wait fails ``stalled_s`` after
 its start ("nothing happened").
+
+Built on the same rule: :func:`finished` (an awaitable done, e.g. a source failing),
+:func:`until_exit` (a process exited; progress: its log grows) and :func:`run_watched`
+(a command run to its exit; progress: its output or the CPU it uses).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import orjson
@@ -150,3 +157,90 @@ def until_sync(
         if watch.stalled():
             raise watch.failure(None if detail is None else detail())
         time.sleep(poll_s)
+
+
+async def finished(
+    awaitable: Awaitable[T],
+    *,
+    what: str | Callable[[], str],
+    progress: Callable[[], Any] | None = None,
+    stalled_s: float = STALLED_S,
+    detail: Callable[[], object] | None = None,
+) -> T:
+    """Await ``awaitable`` (a source's ``wait()``, a worker's ``stop()``) while
+    ``progress`` moves: its result, or the exception it raised. Fails (:class:`Stalled`,
+    the awaitable cancelled) once ``progress`` gave nothing new for ``stalled_s``."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        await until(task.done, what=what, progress=progress, stalled_s=stalled_s, detail=detail)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return task.result()
+
+
+def cpu_ticks(pid: int) -> int:
+    """The CPU ticks (user + system) process ``pid`` used so far, 0 once it is gone: it
+    moves while a quiet process works (a command that writes nothing until it is done)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
+    return int(fields[11]) + int(fields[12])
+
+
+def until_exit(
+    proc: subprocess.Popen[Any],
+    *,
+    what: str | Callable[[], str],
+    progress: Callable[[], Hashable] | None = None,
+    stalled_s: float = STALLED_S,
+    detail: Callable[[], object] | None = None,
+) -> int:
+    """Until ``proc`` has exited: its exit code. Fails (:class:`Stalled`, naming ``what``
+    and ``detail()``, e.g. its log's tail; the process is left to the caller's clean-up)
+    once it neither exited nor moved ``progress`` (e.g. its log's size: a worker logs
+    each partition it closes) for ``stalled_s``."""
+    (code,) = until_sync(
+        lambda: None if proc.poll() is None else (proc.returncode,),
+        what=what,
+        progress=progress,
+        stalled_s=stalled_s,
+        detail=detail,
+    )
+    return int(code)
+
+
+def run_watched(
+    args: Sequence[str],
+    *,
+    stalled_s: float = STALLED_S,
+    **popen: Any,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(args, capture_output=True, text=True)`` (``popen``: ``env``,
+    ``cwd``) that waits while the command writes output or uses CPU, instead of a
+    wall-clock ``timeout``; fails (:class:`Stalled`, with its output so far, the
+    command killed) once it did neither for ``stalled_s``."""
+    with tempfile.TemporaryDirectory(prefix="run-watched-") as scratch:
+        paths = Path(scratch, "stdout"), Path(scratch, "stderr")
+        with paths[0].open("wb") as out, paths[1].open("wb") as err:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err, **popen)
+
+        def text(path: Path) -> str:
+            return path.read_text(errors="replace")
+
+        try:
+            code = until_exit(
+                proc,
+                what=f"{' '.join(map(str, args))} exited",
+                progress=lambda: (*(p.stat().st_size for p in paths), cpu_ticks(proc.pid)),
+                stalled_s=stalled_s,
+                detail=lambda: "\n".join(text(p)[-3000:] for p in paths),
+            )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return subprocess.CompletedProcess(list(args), code, text(paths[0]), text(paths[1]))
