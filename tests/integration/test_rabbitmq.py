@@ -23,7 +23,8 @@ from streamapp.rabbitmq.sink import RabbitSink
 from streamapp.rabbitmq.topology import create_topology
 from streamapp.records import Message
 from tests.conftest import Services
-from tests.support.waits import frozen, until
+from tests.support.tasks import source_progress
+from tests.support.waits import finished, frozen, until
 
 from .harness import (
     ROOT,
@@ -326,7 +327,11 @@ async def test_tables_without_history_or_local_state_are_refused_loudly(
     try:
         assert worker.source is not None
         with pytest.raises(ConfigError, match=r"declare history=FromEventStore\(\)"):
-            await asyncio.wait_for(worker.source.wait(), 20)
+            await finished(
+                worker.source.wait(),
+                what="the source refused",
+                progress=lambda: source_progress(worker.source),
+            )
     finally:
         await worker.stop()
 
@@ -408,7 +413,7 @@ async def test_with_reconnect_off_a_lost_connection_stops_the_worker_loudly(
         with pytest.raises(
             SourceError, match=r"amqp_reconnect \(STREAMAPP_AMQP_RECONNECT\) is off"
         ):
-            await asyncio.wait_for(source.wait(), 30)
+            await finished(source.wait(), what="the source failed", progress=h.progress)
     finally:
         await h.stop()
         await proxy.stop()
