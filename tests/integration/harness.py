@@ -26,7 +26,7 @@ from streamapp import Event
 from streamapp.codecs import kafka as codec
 from tests.support.records import read_to_end
 from tests.support.services import restart_service as restart_service  # moved there
-from tests.support.waits import STALLED_S, frozen, until, until_exit
+from tests.support.waits import STALLED_S, frozen, run_watched, until, until_exit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,14 +61,10 @@ def streamapp_cmd(*args: str, launcher: str = "streamapp.cli") -> list[str]:
 
 
 def create_topics(bootstrap: str, namespace: str, app_ref: str = "agents.orders:app") -> str:
-    out = subprocess.run(
+    out = run_watched(
         streamapp_cmd("topics", "create", "-A", app_ref),
         env=app_env(bootstrap, namespace),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streamapp import Event
 from tests.conftest import Services
-from tests.support.waits import until
+from tests.support.waits import run_watched, until
 
 from .harness import ROOT, WorkerProc, app_env, produce, streamapp_cmd, wait_ready
 from .test_reset import APP, STREAMS, wait_tally, workload
@@ -37,9 +37,7 @@ CHANGED = 20
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        streamapp_cmd(*args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    return run_watched(streamapp_cmd(*args), env=env, cwd=ROOT)
 
 
 async def ends(bootstrap: str, topic: str) -> dict[int, int]:

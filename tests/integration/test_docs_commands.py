@@ -59,7 +59,7 @@ from streamapp import Event
 from streamapp.codecs import kafka as kafka_codec
 from tests.conftest import Services
 from tests.integration.harness import produce
-from tests.support.waits import Stalled, frozen, until_exit, until_sync
+from tests.support.waits import Stalled, frozen, group_cpu, run_watched, until_exit, until_sync
 from tests.unit.test_docs import PYTHON, SHELL, Block
 
 pytestmark = [pytest.mark.integration]
@@ -144,24 +144,8 @@ def user_env(*, venv: bool = True, **extra: str) -> dict[str, str]:
     return env
 
 
-def group_stats(pgid: int) -> dict[int, int]:
-    """The live (not zombie) processes of process group ``pgid``: the CPU ticks each used."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            found[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime + stime
-    return found
-
-
 def group_members(pgid: int) -> list[int]:
-    return list(group_stats(pgid))
+    return list(group_cpu(pgid))
 
 
 def stop_group(pgid: int) -> None:
@@ -178,7 +162,7 @@ def stop_group(pgid: int) -> None:
             until_sync(
                 lambda: not group_members(pgid),
                 what=f"process group {pgid} ended",
-                progress=lambda: frozen(group_stats(pgid)),
+                progress=lambda: frozen(group_cpu(pgid)),
                 poll_s=0.2,
             )
 
@@ -226,7 +210,7 @@ def running(code: str, cwd: Path, env: dict[str, str], name: str = "block") -> I
         until_exit(  # progress: output, or CPU used by the group (a quiet pip install)
             proc,
             what=f"{name} in {cwd} exited",
-            progress=lambda: (log.stat().st_size, frozen(group_stats(proc.pid))),
+            progress=lambda: (log.stat().st_size, frozen(group_cpu(proc.pid))),
             stalled_s=STALL_S,
             detail=lambda: f"{code}\noutput:\n{log.read_text(errors='replace')[-3000:]}",
         )
@@ -362,7 +346,8 @@ def test_readme_installing(tmp_path: Path) -> None:
     with the dev tools; ``pip install -e '.[postgres]'`` installs the clone into the
     user's own environment (a fresh venv here, activated), PostgreSQL driver included."""
     own = tmp_path / "own-env"
-    subprocess.run([sys.executable, "-m", "venv", str(own)], check=True, timeout=120)
+    made = run_watched([sys.executable, "-m", "venv", str(own)])
+    assert made.returncode == 0, made.stdout + made.stderr
     env = user_env(venv=False, VIRTUAL_ENV=str(own))
     env["PATH"] = f"{own / 'bin'}{os.pathsep}{env['PATH']}"
     code = block(INSTALLING).code
@@ -370,18 +355,15 @@ def test_readme_installing(tmp_path: Path) -> None:
     repo = tmp_path / "streamapp"
     for tool in ("streamapp", "pytest", "mypy", "ruff"):
         assert (repo / ".venv" / "bin" / tool).exists(), tool
-    found = subprocess.run(
+    found = run_watched(
         [
             str(own / "bin" / "python"),
             "-c",
             "import psycopg, streamapp.app as m; print(m.__file__)",
         ],
         cwd=own,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
     )
+    assert found.returncode == 0, found.stdout + found.stderr
     assert found.stdout.strip().startswith(str(repo)), found.stdout
 
 
@@ -420,14 +402,10 @@ def test_make_test_and_the_other_make_targets() -> None:
 def test_make_demo(kafka_bootstrap: str) -> None:
     """``make demo`` on the shared Kafka: exit 0, every demo order printed with all its
     events applied, both processes stopped cleanly."""
-    out = subprocess.run(
+    out = run_watched(
         ["make", "demo"],
         cwd=ROOT,
         env=user_env(venv=False, STREAMAPP_KAFKA_BOOTSTRAP=kafka_bootstrap),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     lifecycles = {

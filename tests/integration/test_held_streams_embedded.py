@@ -11,13 +11,12 @@ checkpoint (the holds are in it); every stream ends equal to the fixed handler's
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.support.waits import until
+from tests.support.waits import run_watched, until
 
 from .harness import ROOT, WorkerProc, app_env, append_to_store, streamapp_cmd, wait_ready
 from .held_world import (
@@ -39,14 +38,10 @@ NO_KAFKA = "127.0.0.1:1"
 
 def store_replay(ns: str, env: dict[str, str]) -> str:
     """``streamapp store parked replay``: its output."""
-    out = subprocess.run(
+    out = run_watched(
         streamapp_cmd("store", "parked", "replay", "-A", APP),
         env=app_env(NO_KAFKA, ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

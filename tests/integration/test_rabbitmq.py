@@ -6,7 +6,6 @@ Nothing is mocked: the broker is the session's RabbitMQ (fixture ``services``).
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,7 +23,7 @@ from streamapp.rabbitmq.topology import create_topology
 from streamapp.records import Message
 from tests.conftest import Services
 from tests.support.tasks import source_progress
-from tests.support.waits import finished, frozen, until
+from tests.support.waits import finished, frozen, run_watched, until
 
 from .harness import (
     ROOT,
@@ -95,14 +94,10 @@ def rabbit_env(amqp: str, **extra: str) -> dict[str, str]:
 
 def topics_create(ns: str, env: dict[str, str]) -> str:
     """``streamapp topics create`` of the orders app on RabbitMQ; its output."""
-    run = subprocess.run(
+    run = run_watched(
         streamapp_cmd("topics", "create", "-A", "agents.orders:app"),
         env=app_env("127.0.0.1:1", ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     return run.stdout

@@ -13,7 +13,6 @@ worker's queues.
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -37,7 +36,7 @@ from streamapp.rabbitmq.wire import from_message
 from streamapp.worker import Worker
 from tests.conftest import Services
 from tests.support.tasks import source_progress
-from tests.support.waits import finished
+from tests.support.waits import finished, run_watched
 from tests.support.waits import until as wait_until
 
 from .harness import ROOT, app_env, streamapp_cmd
@@ -414,14 +413,10 @@ def topics_create(ns: str, amqp: str) -> str:
         STREAMAPP_AMQP_URL=amqp,
         STREAMAPP_DELAYED_POLICY="relay",
     )
-    run = subprocess.run(
+    run = run_watched(
         streamapp_cmd("topics", "create", "-A", "tests.apps.retry_app:app"),
         env=env,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     return run.stdout

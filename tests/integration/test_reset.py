@@ -21,7 +21,7 @@ import pytest
 
 from streamapp import Event
 from tests.conftest import Services
-from tests.support.waits import frozen, until
+from tests.support.waits import frozen, run_watched, until
 
 from .harness import (
     ROOT,
@@ -58,14 +58,10 @@ def workload() -> tuple[list[Event], dict[str, dict[str, int]]]:
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_watched(
         streamapp_cmd(*args),
         env=env,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 

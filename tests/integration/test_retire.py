@@ -22,7 +22,7 @@ from streamapp import Event
 from streamapp.eventstore import open_store
 from streamapp.retirement import Retirement, StoreLedger, encode
 from tests.conftest import PgUrlFactory, Services
-from tests.support.waits import until
+from tests.support.waits import run_watched, until
 
 from .harness import (
     ROOT,
@@ -58,14 +58,10 @@ def workload() -> list[Event]:
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_watched(
         streamapp_cmd(*args),
         env=env,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 

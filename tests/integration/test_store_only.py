@@ -16,7 +16,7 @@ import orjson
 import pytest
 from conftest import PgUrlFactory
 
-from tests.support.waits import Stalled
+from tests.support.waits import Stalled, run_watched
 
 from .harness import (
     ROOT,
@@ -154,9 +154,7 @@ async def test_the_cli_finds_the_worker_on_postgresql_and_lists_offline_once_it_
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        streamapp_cmd(*args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    return run_watched(streamapp_cmd(*args), env=env, cwd=ROOT)
 
 
 def applied(status: dict[str, Any]) -> int:

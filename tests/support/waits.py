@@ -20,7 +20,10 @@ Built on the same rule: :func:`finished` (an awaitable done, e.g. a source faili
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -180,15 +183,22 @@ async def finished(
     return task.result()
 
 
-def cpu_ticks(pid: int) -> int:
-    """The CPU ticks (user + system) process ``pid`` used so far, 0 once it is gone: it
-    moves while a quiet process works (a command that writes nothing until it is done)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
-    return int(fields[11]) + int(fields[12])
+def group_cpu(pgid: int) -> dict[int, int]:
+    """The live (not zombie) processes of process group ``pgid``: the CPU ticks (user +
+    system) each used so far. It moves while a quiet command works (one that writes
+    nothing until it is done, or whose children do the work: ``make``, ``pip``)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime + stime
+    return found
 
 
 def until_exit(
@@ -220,13 +230,20 @@ def run_watched(
     **popen: Any,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(args, capture_output=True, text=True)`` (``popen``: ``env``,
-    ``cwd``) that waits while the command writes output or uses CPU, instead of a
-    wall-clock ``timeout``; fails (:class:`Stalled`, with its output so far, the
-    command killed) once it did neither for ``stalled_s``."""
+    ``cwd``) that waits while the command writes output or its process group uses CPU,
+    instead of a wall-clock ``timeout``; fails (:class:`Stalled`, with its output so
+    far, the group killed) once it did neither for ``stalled_s``."""
     with tempfile.TemporaryDirectory(prefix="run-watched-") as scratch:
         paths = Path(scratch, "stdout"), Path(scratch, "stderr")
         with paths[0].open("wb") as out, paths[1].open("wb") as err:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err, **popen)
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,  # its own group: what it starts is watched too
+                **popen,
+            )
 
         def text(path: Path) -> str:
             return path.read_text(errors="replace")
@@ -235,12 +252,16 @@ def run_watched(
             code = until_exit(
                 proc,
                 what=f"{' '.join(map(str, args))} exited",
-                progress=lambda: (*(p.stat().st_size for p in paths), cpu_ticks(proc.pid)),
+                progress=lambda: (
+                    *(p.stat().st_size for p in paths),
+                    frozen(group_cpu(proc.pid)),
+                ),
                 stalled_s=stalled_s,
                 detail=lambda: "\n".join(text(p)[-3000:] for p in paths),
             )
         finally:
             if proc.poll() is None:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         return subprocess.CompletedProcess(list(args), code, text(paths[0]), text(paths[1]))
