@@ -212,6 +212,7 @@ def running(code: str, cwd: Path, env: dict[str, str], name: str = "block") -> I
             what=f"{name} in {cwd} exited",
             progress=lambda: (log.stat().st_size, frozen(group_cpu(proc.pid))),
             stalled_s=STALL_S,
+            poll_s=0.25,
             detail=lambda: f"{code}\noutput:\n{log.read_text(errors='replace')[-3000:]}",
         )
         yield Ran(proc.wait(), log)

@@ -207,6 +207,7 @@ def until_exit(
     what: str | Callable[[], str],
     progress: Callable[[], Hashable] | None = None,
     stalled_s: float = STALLED_S,
+    poll_s: float = 0.1,
     detail: Callable[[], object] | None = None,
 ) -> int:
     """Until ``proc`` has exited: its exit code. Fails (:class:`Stalled`, naming ``what``
@@ -218,6 +219,7 @@ def until_exit(
         what=what,
         progress=progress,
         stalled_s=stalled_s,
+        poll_s=poll_s,
         detail=detail,
     )
     return int(code)
@@ -248,14 +250,18 @@ def run_watched(
         def text(path: Path) -> str:
             return path.read_text(errors="replace")
 
+        cpu: list[Any] = [0.0, b""]  # when last read, what: a read scans /proc (~10 ms)
+
+        def progress() -> Hashable:
+            if time.monotonic() - cpu[0] >= 1.0:
+                cpu[:] = time.monotonic(), frozen(group_cpu(proc.pid))
+            return (*(p.stat().st_size for p in paths), cpu[1])
+
         try:
             code = until_exit(
                 proc,
                 what=f"{' '.join(map(str, args))} exited",
-                progress=lambda: (
-                    *(p.stat().st_size for p in paths),
-                    frozen(group_cpu(proc.pid)),
-                ),
+                progress=progress,
                 stalled_s=stalled_s,
                 detail=lambda: "\n".join(text(p)[-3000:] for p in paths),
             )
