@@ -24,6 +24,7 @@ from streamapp.transports.kafka.port import KafkaPartitionPort
 from streamapp.transports.kafka.topology import create_topics
 from streamapp.transports.kafka.transaction import KafkaTransaction
 from streamapp.worker import Worker
+from tests.support.records import read_to_end
 from tests.support.waits import until
 
 from .harness import AgentHarness, Parked, counter, read_view
@@ -229,18 +230,10 @@ class KafkaHarness(AgentHarness):
             enable_auto_commit=False,
         )
         await consumer.start()
-        got: list[Any] = []
         try:
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            async with asyncio.timeout(15):  # bounded: the ends are known up front
-                while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                    batch = await consumer.getmany(*tps, timeout_ms=200)
-                    got += [r for records in batch.values() for r in records]
+            got = await read_to_end(consumer, tps)
         finally:
             await consumer.stop()
-        got.sort(key=lambda r: (r.partition, r.offset))
         return [Parked(r.value, r.key, dict(r.headers), r.partition) for r in got]
 
     def metric(self, name: str, agent: str) -> float | None:

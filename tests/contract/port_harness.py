@@ -48,6 +48,7 @@ from streamapp.transports.rabbitmq.port import RabbitPartitionPort
 from streamapp.transports.rabbitmq.sink import RabbitSink
 from streamapp.transports.rabbitmq.topology import create_topology, queue_name
 from streamapp.transports.rabbitmq.wire import from_message
+from tests.support.records import read_to_end
 from tests.support.waits import until
 
 TOPIC_PARTITIONS = 2
@@ -633,19 +634,11 @@ class KafkaSinkHarness(SinkHarness):
     async def read(self) -> list[Sent]:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
         await consumer.start()
-        got: list[Any] = []
         try:
             tps = [TopicPartition(self.topic, p) for p in range(TOPIC_PARTITIONS)]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            async with asyncio.timeout(15):  # bounded: the ends are known up front
-                while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                    batch = await consumer.getmany(*tps, timeout_ms=200)
-                    got += [r for records in batch.values() for r in records]
+            got = await read_to_end(consumer, tps)
         finally:
             await consumer.stop()
-        got.sort(key=lambda r: (r.partition, r.offset))
         return [Sent(r.partition, r.key, r.value, dict(r.headers)) for r in got]
 
 

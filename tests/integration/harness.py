@@ -24,8 +24,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import Event
 from streamapp.codecs import kafka as codec
+from tests.support.records import read_to_end
 from tests.support.services import restart_service as restart_service  # moved there
-from tests.support.waits import frozen, until
+from tests.support.waits import STALLED_S, frozen, run_watched, until, until_exit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,14 +61,10 @@ def streamapp_cmd(*args: str, launcher: str = "streamapp.cli") -> list[str]:
 
 
 def create_topics(bootstrap: str, namespace: str, app_ref: str = "agents.orders:app") -> str:
-    out = subprocess.run(
+    out = run_watched(
         streamapp_cmd("topics", "create", "-A", app_ref),
         env=app_env(bootstrap, namespace),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -119,12 +116,45 @@ class WorkerProc:
         log.close()
         return self
 
-    def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM and wait: the worker must exit by itself within ``timeout``."""
+    def stop(self, stalled_s: float = STALLED_S) -> int:
+        """SIGTERM and wait: the worker must exit by itself (:meth:`wait_exit`)."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=timeout)
+        return self.wait_exit(stalled_s)
+
+    def wait_exit(self, stalled_s: float = STALLED_S) -> int:
+        """Until the worker has exited: its exit code. Fails, with its log's tail, once it
+        neither exited nor logged anything for ``stalled_s`` (a worker logs its start,
+        each start-up retry, each partition it closes, its closing)."""
+        assert self.proc is not None
+        return until_exit(
+            self.proc,
+            what=f"worker on port {self.port} exited",
+            progress=self.log_size,
+            stalled_s=stalled_s,
+            detail=lambda: self.log_text()[-3000:],
+        )
+
+    async def exited(self, stalled_s: float = STALLED_S) -> int:
+        """:meth:`wait_exit` for a worker at work (it exits by itself: a crash point), the
+        event loop going on meanwhile: its /status partitions (positions, counts) are
+        progress too, beside its log."""
+        assert self.proc is not None
+        proc = self.proc
+
+        async def progress() -> tuple[int, bytes]:
+            return self.log_size(), partitions_of([await self.status()])
+
+        (code,) = await until(
+            lambda: None if proc.poll() is None else (proc.returncode,),
+            what=f"worker on port {self.port} exited",
+            progress=progress,
+            stalled_s=stalled_s,
+            poll_s=0.2,
+            detail=lambda: self.log_text()[-3000:],
+        )
+        return int(code)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -561,28 +591,7 @@ async def read_topic(bootstrap: str, topic: str, *, committed: bool = True) -> l
     )
     await consumer.start()
     try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        got: list[Any] = []
-        positions: dict[TopicPartition, int] = {}
-
-        async def at_end() -> bool:
-            positions.update({tp: await consumer.position(tp) for tp in tps})
-            behind = [tp for tp in tps if positions[tp] < ends[tp]]
-            if behind:
-                batch = await consumer.getmany(*behind, timeout_ms=500)
-                got.extend(r for rs in batch.values() for r in rs)
-            return not behind
-
-        await until(
-            at_end,
-            what=f"{topic} read to its end",
-            progress=lambda: tuple(sorted((tp.partition, o) for tp, o in positions.items())),
-            poll_s=0,
-            detail=lambda: f"positions {positions}, ends {ends}",
-        )
-        return sorted(got, key=lambda r: (r.partition, r.offset))
+        return await read_to_end(consumer, tps)
     finally:
         await consumer.stop()
 

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streamapp import Event
 from tests.conftest import Services
+from tests.support.waits import run_watched, until
 
 from .harness import ROOT, WorkerProc, app_env, produce, streamapp_cmd, wait_ready
 from .test_reset import APP, STREAMS, wait_tally, workload
@@ -36,9 +37,7 @@ CHANGED = 20
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        streamapp_cmd(*args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    return run_watched(streamapp_cmd(*args), env=env, cwd=ROOT)
 
 
 async def ends(bootstrap: str, topic: str) -> dict[int, int]:
@@ -238,15 +237,24 @@ async def test_a_store_whose_record_was_compacted_away_is_restored_in_full(
     other = worker(tmp_path / "other-data").start()  # takes the partitions over, goes on
     try:
         await wait_ready(other)
-        sent, started = len(events), time.monotonic()
-        while True:
-            await produce(bootstrap, source, more_events(sent, expected, 100))
-            sent += 100
+        sent, started = [len(events)], time.monotonic()
+        found = dict(marked)
+
+        async def compacted() -> bool:  # a round of records rolls segments for the cleaner
+            await produce(bootstrap, source, more_events(sent[0], expected, 100))
+            sent[0] += 100
             await wait_tally(other, expected, "v1")
-            found = await first_record_from(bootstrap, changelog, marked)
-            if all(found[p] > marked[p] for p in marked):
-                break
-            assert time.monotonic() - started < 120, f"not compacted: {marked} -> {found}"
+            found.update(await first_record_from(bootstrap, changelog, marked))
+            return all(found[p] > marked[p] for p in marked)
+
+        await until(  # progress: a partition's record compacted away (the cleaner's passes)
+            compacted,
+            what=f"checkpoint records {marked} compacted away",
+            progress=lambda: tuple(sorted(found.items())),
+            stalled_s=120,
+            poll_s=0,
+            detail=lambda: f"first records now {found}",
+        )
         print(f"checkpoint records {marked} compacted away after {time.monotonic() - started:.0f}s")
     finally:
         assert other.stop() == 0, other.log_text()[-3000:]

@@ -79,12 +79,12 @@ class SkewedWorker(WorkerProc):
         if pid is not None:
             os.kill(pid, sig)
 
-    def stop(self, timeout: float = 60.0) -> int:
+    def stop(self, stalled_s: float = waits.STALLED_S) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
             self._signal(signal.SIGCONT)  # in case it is frozen
             self._signal(signal.SIGTERM)  # faketime waits for it, then exits
-        return self.proc.wait(timeout=timeout)
+        return self.wait_exit(stalled_s)
 
     def freeze(self) -> None:
         self._signal(signal.SIGSTOP)

@@ -45,7 +45,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -60,7 +59,7 @@ from streamapp import Event
 from streamapp.codecs import kafka as kafka_codec
 from tests.conftest import Services
 from tests.integration.harness import produce
-from tests.support.waits import Stalled, frozen, until_sync
+from tests.support.waits import Stalled, frozen, group_cpu, run_watched, until_exit, until_sync
 from tests.unit.test_docs import PYTHON, SHELL, Block
 
 pytestmark = [pytest.mark.integration]
@@ -145,24 +144,8 @@ def user_env(*, venv: bool = True, **extra: str) -> dict[str, str]:
     return env
 
 
-def group_stats(pgid: int) -> dict[int, int]:
-    """The live (not zombie) processes of process group ``pgid``: the CPU ticks each used."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            found[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime + stime
-    return found
-
-
 def group_members(pgid: int) -> list[int]:
-    return list(group_stats(pgid))
+    return list(group_cpu(pgid))
 
 
 def stop_group(pgid: int) -> None:
@@ -179,7 +162,7 @@ def stop_group(pgid: int) -> None:
             until_sync(
                 lambda: not group_members(pgid),
                 what=f"process group {pgid} ended",
-                progress=lambda: frozen(group_stats(pgid)),
+                progress=lambda: frozen(group_cpu(pgid)),
                 poll_s=0.2,
             )
 
@@ -199,15 +182,10 @@ class Ran:
 def wait_for(
     what: str, done: Callable[[], bool], progress: Callable[[], object], stall_s: float = STALL_S
 ) -> None:
-    """Poll ``done`` until true; fail when ``progress()`` has not changed for ``stall_s``."""
-    last, moved = progress(), time.monotonic()
-    while not done():
-        now = progress()
-        if now != last:
-            last, moved = now, time.monotonic()
-        elif time.monotonic() - moved > stall_s:
-            raise AssertionError(f"{what}: no progress for {stall_s:.0f} s (last: {now!r})")
-        time.sleep(0.25)
+    """Poll ``done`` until true; fail when ``progress()`` gave nothing new for ``stall_s``
+    (:func:`~tests.support.waits.until_sync`; its ``repr``: the observation may hold
+    bytes or dicts)."""
+    until_sync(done, what=what, progress=lambda: repr(progress()), stalled_s=stall_s, poll_s=0.25)
 
 
 @contextmanager
@@ -229,10 +207,13 @@ def running(code: str, cwd: Path, env: dict[str, str], name: str = "block") -> I
             start_new_session=True,
         )
     try:
-        wait_for(  # progress: output, or CPU used by the group (a quiet pip install)
-            f"{name} in {cwd}:\n{code}\noutput:\n{log.read_text(errors='replace')[-3000:]}",
-            lambda: proc.poll() is not None,
-            lambda: (log.stat().st_size, group_stats(proc.pid)),
+        until_exit(  # progress: output, or CPU used by the group (a quiet pip install)
+            proc,
+            what=f"{name} in {cwd} exited",
+            progress=lambda: (log.stat().st_size, frozen(group_cpu(proc.pid))),
+            stalled_s=STALL_S,
+            poll_s=0.25,
+            detail=lambda: f"{code}\noutput:\n{log.read_text(errors='replace')[-3000:]}",
         )
         yield Ran(proc.wait(), log)
     finally:
@@ -245,6 +226,18 @@ def run(code: str, cwd: Path, env: dict[str, str], name: str = "block") -> str:
     with running(code, cwd, env, name) as ran:
         assert ran.rc == 0, f"{name} exited {ran.rc}:\n{code}\noutput:\n{ran.out[-4000:]}"
         return ran.out
+
+
+def exits(proc: subprocess.Popen[bytes], log: Path) -> int:
+    """Until a stopped worker has exited: its exit code; fails, with its log's tail, once
+    it neither exited nor logged for STALL_S (it logs each partition it closes)."""
+    return until_exit(
+        proc,
+        what=f"worker (pid {proc.pid}) exited",
+        progress=lambda: log.stat().st_size,
+        stalled_s=STALL_S,
+        detail=lambda: log.read_text(errors="replace")[-3000:],
+    )
 
 
 def http_get(url: str) -> tuple[int, bytes]:
@@ -284,7 +277,7 @@ def worker(cwd: Path, env: dict[str, str], *args: str, port: int = 6066) -> Iter
         wait_for(f"worker on :{port} ready", ready, lambda: log.stat().st_size)
         yield log
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+        assert exits(proc, log) == 0, log.read_text()[-3000:]
     finally:
         stop_group(proc.pid)
         proc.wait(timeout=10)
@@ -354,7 +347,8 @@ def test_readme_installing(tmp_path: Path) -> None:
     with the dev tools; ``pip install -e '.[postgres]'`` installs the clone into the
     user's own environment (a fresh venv here, activated), PostgreSQL driver included."""
     own = tmp_path / "own-env"
-    subprocess.run([sys.executable, "-m", "venv", str(own)], check=True, timeout=120)
+    made = run_watched([sys.executable, "-m", "venv", str(own)])
+    assert made.returncode == 0, made.stdout + made.stderr
     env = user_env(venv=False, VIRTUAL_ENV=str(own))
     env["PATH"] = f"{own / 'bin'}{os.pathsep}{env['PATH']}"
     code = block(INSTALLING).code
@@ -362,18 +356,15 @@ def test_readme_installing(tmp_path: Path) -> None:
     repo = tmp_path / "streamapp"
     for tool in ("streamapp", "pytest", "mypy", "ruff"):
         assert (repo / ".venv" / "bin" / tool).exists(), tool
-    found = subprocess.run(
+    found = run_watched(
         [
             str(own / "bin" / "python"),
             "-c",
             "import psycopg, streamapp.app as m; print(m.__file__)",
         ],
         cwd=own,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
     )
+    assert found.returncode == 0, found.stdout + found.stderr
     assert found.stdout.strip().startswith(str(repo)), found.stdout
 
 
@@ -412,14 +403,10 @@ def test_make_test_and_the_other_make_targets() -> None:
 def test_make_demo(kafka_bootstrap: str) -> None:
     """``make demo`` on the shared Kafka: exit 0, every demo order printed with all its
     events applied, both processes stopped cleanly."""
-    out = subprocess.run(
+    out = run_watched(
         ["make", "demo"],
         cwd=ROOT,
         env=user_env(venv=False, STREAMAPP_KAFKA_BOOTSTRAP=kafka_bootstrap),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     lifecycles = {
@@ -502,7 +489,7 @@ def test_views_worker_commands(embedded_orders: tuple[Path, dict[str, str]]) -> 
                 lambda log=log, proc=proc: (log.stat().st_size, proc.poll()),
             )
             os.killpg(proc.pid, signal.SIGINT)
-            assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+            assert exits(proc, log) == 0, log.read_text()[-3000:]
         finally:
             stop_group(proc.pid)
             proc.wait(timeout=10)

@@ -16,6 +16,8 @@ import orjson
 import pytest
 from conftest import PgUrlFactory
 
+from tests.support.waits import Stalled, run_watched
+
 from .harness import (
     ROOT,
     WorkerProc,
@@ -99,12 +101,11 @@ async def test_a_second_worker_of_the_app_is_refused(tmp_path: Path) -> None:
         second = _worker(tmp_path / "other", url)
         (tmp_path / "other").mkdir()
         second.start()
-        assert second.proc is not None
         try:
-            code = second.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+            code = second.wait_exit()
+        except Stalled as stalled:
             second.kill()
-            raise AssertionError("the second worker was not refused") from None
+            raise AssertionError(f"the second worker was not refused: {stalled}") from None
         assert code != 0
         text = second.log_text()
         assert f"another worker of app '{NS}orders'" in text
@@ -153,9 +154,7 @@ async def test_the_cli_finds_the_worker_on_postgresql_and_lists_offline_once_it_
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        streamapp_cmd(*args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    return run_watched(streamapp_cmd(*args), env=env, cwd=ROOT)
 
 
 def applied(status: dict[str, Any]) -> int:

@@ -15,7 +15,7 @@ from unit.test_eventstore import EventStoreContract, ev
 
 from streamapp.eventstore import EventStoreBackend, open_store
 from streamapp.eventstore.postgres.store import PostgresEventStore
-from tests.support.waits import until
+from tests.support.waits import finished, until
 
 pytestmark = pytest.mark.integration
 
@@ -117,7 +117,7 @@ async def test_forwarder_lock_is_exclusive_and_freed_with_its_session(pg_url: st
             waiting = asyncio.create_task(b_lock.__aenter__())
             await asyncio.sleep(1.0)
             assert not waiting.done(), "a second forwarder got the lock while the first held it"
-        await asyncio.wait_for(waiting, 5)  # released with the first's session
+        await finished(waiting, what="the lock taken once the first released it")
         await b.save(12, [("t", 0, 42, 11)])
         await b_lock.__aexit__(None, None, None)
         assert await a.load() == 12

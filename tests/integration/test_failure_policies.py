@@ -24,7 +24,8 @@ from streamapp.eventstore import Append, open_store
 from streamapp.topics import partition_for
 from streamapp.transports.kafka.topology import create_topics as create_app_topics
 from streamapp.worker import Worker
-from tests.support.waits import until
+from tests.support.tasks import source_progress
+from tests.support.waits import finished, until
 
 from .harness import WorkerProc, create_topics, lag, read_table, wait_caught_up, wait_ready
 
@@ -417,8 +418,11 @@ async def test_refuse_stops_the_worker_commits_nothing_for_it_and_leaves_the_gro
     await worker.start()
     try:
         with pytest.raises(AgentRefusedError) as refused:
-            async with asyncio.timeout(60):
-                await worker.source.wait()
+            await finished(
+                worker.source.wait(),
+                what="the agent refused",
+                progress=lambda: source_progress(worker.source),
+            )
         assert f"agent 'count' refused {ns}in[0]@3" in str(refused.value)
         assert "deploy the version that knows it" in str(refused.value)
     finally:

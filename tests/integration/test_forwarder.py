@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer
 
 from streamapp import Event
 from streamapp.eventstore import Append, open_store
-from tests.support.waits import until
+from tests.support.waits import until, until_exit
 
 from .harness import ROOT, app_env, create_topics, streamapp_cmd
 
@@ -62,10 +62,17 @@ class Forwarder:
         self.proc.wait(timeout=10)
 
     def stop(self) -> int:
+        """SIGTERM; until it exits, failing with its log's tail once it neither exited nor
+        logged for a minute (it logs its stop)."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
+        return until_exit(
+            self.proc,
+            what="forwarder exited",
+            progress=lambda: len(self.log()),
+            detail=lambda: self.log()[-3000:],
+        )
 
     async def web_url(self, stalled_s: float = 30) -> str:
         """Where this forwarder serves /metrics and /status (``--web-port 0``: from its log)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streamapp import Event
 from streamapp.codecs import kafka as codec
 from streamapp.topics import partition_for
-from tests.support.waits import frozen, until
+from tests.support.waits import frozen, run_watched, until
 
 from .harness import (
     ROOT,
@@ -189,14 +188,10 @@ def test_the_worker_names_a_missing_repartition_topic(kafka_bootstrap: str) -> N
     """Without ``streamapp topics create`` the worker refuses to start, naming the
     repartition topic among the missing ones and the command that makes it."""
     ns = f"rkmiss{uuid.uuid4().hex[:6]}-"
-    out = subprocess.run(
+    out = run_watched(
         streamapp_cmd("worker", "-A", REGROUP),
         env=app_env(kafka_bootstrap, ns),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
     )
     assert out.returncode != 0
     assert f"{ns}rk-per_customer-repartition" in out.stderr

@@ -17,6 +17,7 @@ import pytest
 
 from streamapp import Event
 from tests.apps.held_app import fold
+from tests.support.waits import run_watched
 
 from .harness import ROOT, WorkerProc, app_env, create_topics, produce, streamapp_cmd, wait_ready
 from .held_world import held_counts, read, wait_held
@@ -53,14 +54,10 @@ async def test_release_one_stream_list_the_held_and_skip_an_event(
     ).start()
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return run_watched(
             streamapp_cmd("parked", *args, "-A", APP),
             env=app_env(kafka_bootstrap, ns, STREAMAPP_WEB_PORT=str(worker.port), **env),
             cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
         )
 
     def folded(sid: str, skip: int | None = None) -> dict[str, int]:

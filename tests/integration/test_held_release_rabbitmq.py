@@ -4,7 +4,6 @@ messages stay queued, in order, and a later ``parked replay`` releases it."""
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from streamapp import Event
 from tests.apps.held_app import fold
 from tests.conftest import Services
+from tests.support.waits import run_watched
 
 from .harness import ROOT, WorkerProc, app_env, streamapp_cmd, wait_ready
 from .held_world import read, send, wait_held
@@ -37,14 +37,10 @@ async def test_release_one_held_stream_and_leave_the_other_queued(
     }
 
     def cli(*args: str) -> str:
-        out = subprocess.run(
+        out = run_watched(
             streamapp_cmd(*args, "-A", APP),
             env=app_env(NO_KAFKA, ns, **env),
             cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
         )
         assert out.returncode == 0, out.stderr
         return out.stdout

@@ -12,11 +12,12 @@ release, one ``store parked replay`` leaves every stream equal to the fixed hand
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.support.waits import run_watched
 
 from .harness import ROOT, WorkerProc, app_env, append_to_store, streamapp_cmd, wait_ready
 from .held_world import (
@@ -37,14 +38,10 @@ NO_KAFKA = "127.0.0.1:1"
 
 def store_replay(ns: str, env: dict[str, str]) -> str:
     """``streamapp store parked replay``: its output."""
-    out = subprocess.run(
+    out = run_watched(
         streamapp_cmd("store", "parked", "replay", "-A", APP),
         env=app_env(NO_KAFKA, ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.support.waits import run_watched
 
 from .harness import (
     ROOT,
@@ -52,14 +53,10 @@ APP = "tests.apps.held_app:app"
 
 def replay(bootstrap: str, ns: str, parking: str) -> int:
     """``streamapp parked replay``: how many records it sent back."""
-    out = subprocess.run(
+    out = run_watched(
         streamapp_cmd("parked", "replay", "-A", APP, "--topic", parking),
         env=app_env(bootstrap, ns),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
     assert out.returncode == 0, out.stderr
     found = re.search(r"sent (\d+) records back", out.stdout)

@@ -13,13 +13,13 @@ leave every stream equal to the fixed handler's fold after one replay.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Services
+from tests.support.waits import run_watched
 
 from .harness import ROOT, WorkerProc, app_env, streamapp_cmd, wait_ready
 from .held_world import (
@@ -54,14 +54,10 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
     }
 
     def cli(*args: str) -> str:
-        out = subprocess.run(
+        out = run_watched(
             streamapp_cmd(*args, "-A", APP),
             env=app_env(NO_KAFKA, ns, **env),
             cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
         )
         assert out.returncode == 0, out.stderr
         return out.stdout

@@ -3,7 +3,6 @@ idempotence (the broker granted them a producer id)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,8 @@ from streamapp.codecs import kafka as codec
 from streamapp.transports.kafka.sink import KafkaSink
 from streamapp.transports.kafka.topology import create_topics
 from streamapp.worker import Worker
+from tests.support.tasks import source_progress
+from tests.support.waits import until
 
 pytestmark = pytest.mark.integration
 
@@ -56,8 +57,16 @@ async def test_parking_and_forwarder_producers_are_acks_all(
     try:
         key, value, headers = encode(Event.create("e", stream_id="k", data={}, id="to-park"))
         await forward.publish(topic.name, value, key=key, headers=headers)
-        async with asyncio.timeout(60):
-            parked = await consumer.getone()
+
+        async def one_parked() -> Any:
+            batch = await consumer.getmany(timeout_ms=200, max_records=1)
+            return next((r for records in batch.values() for r in records), None)
+
+        parked = await until(  # progress: the worker's partition (phase, outcomes)
+            one_parked,
+            what=f"a record in {parking}",
+            progress=lambda: source_progress(worker.source),
+        )
         assert codec.decode(parked.key, parked.value, parked.headers).id == "to-park"
         assert_durable(forward)
         assert_durable(worker.sink)  # the parking producer

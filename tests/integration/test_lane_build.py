@@ -11,7 +11,6 @@ Kafka on a fresh data directory: restored from v2's changelog, as after a move).
 from __future__ import annotations
 
 import re
-import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from streamapp import Event, Table
 from streamapp.tables.partition import spaces_for
 from streamapp.tables.store import RocksStore
 from tests.conftest import Services
-from tests.support.waits import frozen, until
+from tests.support.waits import frozen, run_watched, until
 
 from .harness import (
     ROOT,
@@ -58,14 +57,10 @@ def _env(broker: str, services: Services, url: str, **extra: str) -> dict[str, s
 
 
 def _topics_create(ns: str, services: Services, env: dict[str, str]) -> None:
-    done = subprocess.run(
+    done = run_watched(
         streamapp_cmd("topics", "create", "-A", APP),
         env=app_env(services.kafka, ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -265,8 +260,7 @@ async def test_a_new_table_without_history_is_built_from_a_topic_that_keeps_ever
         # that deletes by time but still holds its first records builds: test_reset).
         await _topic_config(services.kafka, f"{ns}build-orders", {"cleanup.policy": "compact"})
         refused = worker(v2_env).start()
-        assert refused.proc is not None
-        code = refused.proc.wait(timeout=240)  # start-up retries on a loaded machine
+        code = refused.wait_exit()  # its start-up retries are logged: progress
         text = refused.log_text()
         assert code != 0, text[-3000:]
         assert f"topic '{ns}build-orders'" in text, text[-3000:]

@@ -7,7 +7,6 @@ back from the broker: it never lands)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import pytest
@@ -15,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamapp.transports.kafka.commits import OffsetCommits
+from tests.support.waits import until
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +34,34 @@ async def _member(bootstrap: str, partitions: int) -> tuple[str, str, AIOKafkaCo
         topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
     )
     await consumer.start()
-    for _ in range(300):  # the group forms (bounded: 30 s)
+
+    async def assigned() -> bool:
         await consumer.getmany(timeout_ms=100)
-        if len(consumer.assignment()) == partitions:
-            return topic, group, consumer
-    await consumer.stop()
-    raise AssertionError(f"{topic}: the group did not assign its {partitions} partitions in 30 s")
+        return len(consumer.assignment()) == partitions
+
+    try:  # the group forms; progress: its state on the broker (joining, syncing, stable)
+        await until(
+            assigned,
+            what=f"group {group} assigned its {partitions} partitions of {topic}",
+            progress=lambda: _group_state(bootstrap, group),
+            poll_s=0.2,
+        )
+    except BaseException:
+        await consumer.stop()
+        raise
+    return topic, group, consumer
+
+
+async def _group_state(bootstrap: str, group: str) -> tuple[str, int]:
+    """The group's state on the broker and how many members it has."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_consumer_groups([group])
+        (described,) = response.groups
+        return str(described[2]), len(described[5])  # (error, group, state, ..., members)
+    finally:
+        await admin.close()
 
 
 async def _committed(bootstrap: str, group: str) -> dict[int, tuple[int, str]]:
@@ -53,10 +75,14 @@ async def _committed(bootstrap: str, group: str) -> dict[int, tuple[int, str]]:
 
 
 async def _in_flight(commits: OffsetCommits, want: set[TopicPartition]) -> None:
-    """Until the commit of ``want`` is under way (observed; bounded: 10 s)."""
-    async with asyncio.timeout(10):
-        while commits.in_flight != want:  # noqa: ASYNC110 (a state to poll, no event)
-            await asyncio.sleep(0)
+    """Until the commit of ``want`` is under way (observed at every turn of the loop);
+    progress: what is in flight and pending."""
+    await until(
+        lambda: commits.in_flight == want,
+        what=f"the commit of {sorted(tp.partition for tp in want)} in flight",
+        progress=lambda: (frozenset(commits.in_flight), frozenset(commits.pending)),
+        poll_s=0,
+    )
 
 
 async def _barrier(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:

@@ -8,7 +8,6 @@ once, whatever the kills; the tables of the agents sharing the topic are exact.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from streamapp import Event
 from streamapp.codecs import kafka as codec
+from tests.support.waits import run_watched
 
 from .harness import (
     ROOT,
@@ -160,14 +160,10 @@ def test_a_read_that_is_not_co_partitioned_is_refused(kafka_bootstrap: str) -> N
     """``cp-looks`` with 8 partitions against ``cp-adds`` with 4: the worker refuses the
     app at load, naming both agents and counts (nothing is created)."""
     ns = f"cpbad{uuid.uuid4().hex[:6]}-"
-    out = subprocess.run(
+    out = run_watched(
         streamapp_cmd("worker", "-A", COPART),
         env=app_env(kafka_bootstrap, ns, COPART_LOOKS_PARTITIONS="8"),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert out.returncode != 0
     assert (

@@ -27,6 +27,7 @@ from streamapp import Event
 from streamapp.topics import partition_for
 from tests.conftest import PgUrlFactory
 from tests.support import waits
+from tests.support.waits import run_watched
 
 from .harness import (
     ROOT,
@@ -91,26 +92,19 @@ class World:
         ).start()
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return run_watched(
             streamapp_cmd("store", "parked", *args[:1], "-A", APP, *args[1:]),
             env=app_env("127.0.0.1:1", self.ns, **self.env),
             cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
         )
 
     def parked(self) -> list[dict[str, Any]]:
-        listed = subprocess.run(
+        listed = run_watched(
             streamapp_cmd("store", "parked", "-A", APP),
             env=app_env("127.0.0.1:1", self.ns, **self.env),
             cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
         )
+        assert listed.returncode == 0, listed.stdout + listed.stderr
         return [orjson.loads(line) for line in listed.stdout.splitlines()]
 
     def side_ids(self) -> Counter[str]:

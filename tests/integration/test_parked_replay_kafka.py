@@ -23,7 +23,7 @@ from streamapp import Event
 from streamapp.codecs import kafka as codec
 from streamapp.failures.republish import REPLAYED
 from streamapp.topics import partition_for
-from tests.support.waits import until
+from tests.support.waits import run_watched, until
 
 from .harness import (
     ROOT,
@@ -54,14 +54,10 @@ def streams_on(partition: int, n: int, prefix: str) -> list[str]:
 
 
 def cli(bootstrap: str, ns: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_watched(
         streamapp_cmd(*args, "-A", APP),
         env=app_env(bootstrap, ns),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 

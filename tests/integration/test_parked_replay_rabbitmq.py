@@ -30,6 +30,7 @@ from streamapp.transports.rabbitmq.sink import RabbitSink
 from streamapp.transports.rabbitmq.wire import from_message
 from tests.conftest import Services
 from tests.support import waits
+from tests.support.waits import run_watched
 
 from .harness import (
     ROOT,
@@ -59,14 +60,10 @@ def env(ns: str, amqp: str, **extra: str) -> dict[str, str]:
 
 
 def cli(ns: str, amqp: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_watched(
         streamapp_cmd(*args, "-A", APP),
         env=env(ns, amqp),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 
@@ -155,14 +152,10 @@ def assert_back_as_sent(original: tuple[Any, ...], replayed: tuple[Any, ...], he
 
 
 def topics_create(ns: str, amqp: str) -> None:
-    made = subprocess.run(
+    made = run_watched(
         streamapp_cmd("topics", "create", "-A", APP),
         env=env(ns, amqp),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert made.returncode == 0, made.stderr
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp.topics import partition_for
 from tests.conftest import Services
-from tests.support.waits import Stalled, until
+from tests.support.waits import Stalled, run_watched, until
 
 from .harness import (
     ROOT,
@@ -167,14 +166,10 @@ async def test_a_plain_json_queue_is_read_on_rabbitmq_and_what_is_not_json_parke
         "STREAMAPP_EVENT_STORE": f"sqlite:///{tmp_path / 'events.db'}",
     }
     run = await asyncio.to_thread(
-        subprocess.run,
+        run_watched,
         streamapp_cmd("topics", "create", "-A", APP),
         env=app_env("127.0.0.1:1", ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     records, _ = _payments(n_accounts=100, n=4_000, seed=11)

@@ -6,7 +6,6 @@ Nothing is mocked: the broker is the session's RabbitMQ (fixture ``services``).
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +22,8 @@ from streamapp.records import Message
 from streamapp.transports.rabbitmq.sink import RabbitSink
 from streamapp.transports.rabbitmq.topology import create_topology
 from tests.conftest import Services
-from tests.support.waits import frozen, until
+from tests.support.tasks import source_progress
+from tests.support.waits import finished, frozen, run_watched, until
 
 from .harness import (
     ROOT,
@@ -94,14 +94,10 @@ def rabbit_env(amqp: str, **extra: str) -> dict[str, str]:
 
 def topics_create(ns: str, env: dict[str, str]) -> str:
     """``streamapp topics create`` of the orders app on RabbitMQ; its output."""
-    run = subprocess.run(
+    run = run_watched(
         streamapp_cmd("topics", "create", "-A", "agents.orders:app"),
         env=app_env("127.0.0.1:1", ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     return run.stdout
@@ -133,8 +129,7 @@ async def test_topics_create_makes_the_topology_and_a_worker_names_what_is_missi
     worker = WorkerProc(
         "127.0.0.1:1", ns, tmp_path / "data", tmp_path / "w.log", extra_env=rabbit_env(amqp)
     ).start()
-    assert worker.proc is not None
-    code = worker.proc.wait(timeout=60)
+    code = worker.wait_exit()
     out = worker.log_text()
     assert code != 0
     assert f"queue {ns}orders.3" in out
@@ -327,7 +322,11 @@ async def test_tables_without_history_or_local_state_are_refused_loudly(
     try:
         assert worker.source is not None
         with pytest.raises(ConfigError, match=r"declare history=FromEventStore\(\)"):
-            await asyncio.wait_for(worker.source.wait(), 20)
+            await finished(
+                worker.source.wait(),
+                what="the source refused",
+                progress=lambda: source_progress(worker.source),
+            )
     finally:
         await worker.stop()
 
@@ -409,7 +408,7 @@ async def test_with_reconnect_off_a_lost_connection_stops_the_worker_loudly(
         with pytest.raises(
             SourceError, match=r"amqp_reconnect \(STREAMAPP_AMQP_RECONNECT\) is off"
         ):
-            await asyncio.wait_for(source.wait(), 30)
+            await finished(source.wait(), what="the source failed", progress=h.progress)
     finally:
         await h.stop()
         await proxy.stop()

@@ -5,7 +5,6 @@ agent and the reason; the fixed code then applies every event once."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +17,7 @@ from streamapp.codecs import amqp as codec
 from streamapp.settings.settings import Settings
 from streamapp.transports.rabbitmq.sink import RabbitSink
 from tests.conftest import Services
-from tests.support.waits import until
+from tests.support.waits import run_watched, until
 
 from .harness import (
     ROOT,
@@ -74,14 +73,10 @@ async def test_refuse_stops_the_worker_non_zero_and_its_deliveries_come_back_fla
         "STREAMAPP_EVENT_STORE": f"sqlite:///{tmp_path / 'events.db'}",
     }
     run = await asyncio.to_thread(
-        subprocess.run,
+        run_watched,
         streamapp_cmd("topics", "create", "-A", APP),
         env=app_env("127.0.0.1:1", ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     worker = WorkerProc(

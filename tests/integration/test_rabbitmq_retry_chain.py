@@ -13,8 +13,6 @@ worker's queues.
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -37,6 +35,8 @@ from streamapp.transports.rabbitmq.topology import create_topology, plans
 from streamapp.transports.rabbitmq.wire import from_message
 from streamapp.worker import Worker
 from tests.conftest import Services
+from tests.support.tasks import source_progress
+from tests.support.waits import finished, run_watched
 from tests.support.waits import until as wait_until
 
 from .harness import ROOT, app_env, streamapp_cmd
@@ -268,8 +268,13 @@ async def test_a_worker_stopped_during_the_relay_wait_leaves_the_copy_in_its_que
         await send(app, topic.name, [Event.create("x", stream_id="s", data={}, id="e")])
         await held_by(worker)
     finally:
-        # the stop ends the 60 s wait: well inside it (the bound only stops a hang)
-        await asyncio.wait_for(worker.stop(), 30)
+        # the stop ends the 60 s wait: a stop held by it stands still for 30 s and fails
+        await finished(
+            worker.stop(),
+            what="the worker stopped",
+            progress=lambda: source_progress(worker.source),
+            stalled_s=30,
+        )
     assert await depth(amqp, retry_queue) == 1  # back in its queue, not lost
     again = Worker(app, settings)  # another relay takes it up, still waiting for it
     await again.start()
@@ -408,14 +413,10 @@ def topics_create(ns: str, amqp: str) -> str:
         STREAMAPP_AMQP_URL=amqp,
         STREAMAPP_DELAYED_POLICY="relay",
     )
-    run = subprocess.run(
+    run = run_watched(
         streamapp_cmd("topics", "create", "-A", "tests.apps.retry_app:app"),
         env=env,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     return run.stdout

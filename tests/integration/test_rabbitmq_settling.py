@@ -49,7 +49,8 @@ from streamapp.worker import Worker
 from tests.conftest import Services
 from tests.contract.rabbit_harness import RabbitHarness
 from tests.contract.test_agent_contract import AGENT, ev, key_on, log_app, logged
-from tests.support.waits import until
+from tests.support.tasks import source_progress
+from tests.support.waits import finished, until
 
 from .harness import Proxy, append_to_store
 
@@ -101,16 +102,24 @@ async def read_raw(amqp: str, queue: str, n: int, *, ack: bool) -> list[Seen]:
     connection = await aio_pika.connect(amqp)
     try:
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=max(n, 1))
         declared = await channel.declare_queue(queue, passive=True)
-        async with asyncio.timeout(20), declared.iterator() as messages:
-            async for message in messages:
+
+        async def read() -> bool:
+            message = await declared.get(no_ack=False, fail=False)
+            if message is not None:
                 headers = dict(message.headers or {})
                 seen.append(Seen(str(headers.get("cloudEvents_id")), message.redelivered, headers))
                 if ack:
                     await message.ack()
-                if len(seen) == n:
-                    break
+            return len(seen) == n
+
+        await until(  # progress: messages read
+            read,
+            what=f"{n} messages read from {queue}",
+            progress=lambda: len(seen),
+            stalled_s=30,
+            detail=lambda: [s.id for s in seen],
+        )
     finally:
         await connection.close()
     return seen
@@ -349,7 +358,11 @@ async def test_refused_stops_the_source_and_what_it_held_goes_back_flagged(
     try:
         assert worker.source is not None
         with pytest.raises(ConfigError, match=r"declare history=FromEventStore\(\)"):
-            await asyncio.wait_for(worker.source.wait(), 30)
+            await finished(
+                worker.source.wait(),
+                what="the source refused",
+                progress=lambda: (source_progress(worker.source), sum(h.calls.values())),
+            )
         await until(  # a worker of its own: the harness runs none to watch
             lambda: h.calls["held0"] == 1,
             what="partition 0 holding",
@@ -383,7 +396,7 @@ async def test_queue_deleted_under_a_running_source_fails_it_naming_the_queue(
 
     await _delete_queue(services.amqp, gone)  # the broker cancels the consumer
     with pytest.raises(SourceError) as failed:
-        await asyncio.wait_for(source.wait(), 30)
+        await finished(source.wait(), what="the source failed", progress=h.progress)
     message = str(failed.value)
     assert f"queue {gone!r}" in message
     assert "consumer cancelled by RabbitMQ" in message
@@ -414,7 +427,7 @@ async def test_queue_deleted_while_disconnected_fails_the_source_others_go_on(
         proxy.cut()
         await _delete_queue(services.amqp, gone)  # no basic.cancel reaches the worker
         with pytest.raises(SourceError) as failed:
-            await asyncio.wait_for(source_of(h).wait(), 60)
+            await finished(source_of(h).wait(), what="the source failed", progress=h.progress)
         assert f"queue {gone!r} no longer exists after a reconnect" in str(failed.value)
         assert "streamapp topics create" in str(failed.value)
         # the connection came back for partition 0 (one missing queue does not hold it)

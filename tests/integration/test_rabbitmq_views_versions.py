@@ -5,7 +5,6 @@ them for both versions, the switch, and v2 is exact for every key."""
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from streamapp import Event
 from tests.conftest import Services
+from tests.support.waits import run_watched
 
 from .harness import ROOT, WorkerProc, app_env, append_to_store, streamapp_cmd, wait_group_ready
 from .test_rabbitmq import rabbit_env
@@ -33,14 +33,10 @@ async def test_rabbitmq_no_switch_while_old_code_holds_partitions_then_the_switc
         STREAMAPP_AMQP_SESSION_TIMEOUT_MS="1500",
         STREAMAPP_POLL_TIMEOUT_MS="200",
     )
-    run = subprocess.run(  # noqa: ASYNC221 (before any worker runs)
+    run = run_watched(
         streamapp_cmd("topics", "create", "-A", APP),
         env=app_env("127.0.0.1:1", ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     store = f"sqlite:///{tmp_path / 'events.db'}"

@@ -21,7 +21,7 @@ import pytest
 
 from streamapp import Event
 from tests.conftest import Services
-from tests.support.waits import frozen, until
+from tests.support.waits import frozen, run_watched, until
 
 from .harness import (
     ROOT,
@@ -58,14 +58,10 @@ def workload() -> tuple[list[Event], dict[str, dict[str, int]]]:
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_watched(
         streamapp_cmd(*args),
         env=env,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 
@@ -252,8 +248,7 @@ async def test_kafka_reset_remakes_a_changelog_as_declared_and_waits_out_a_kille
         return WorkerProc(bootstrap, ns, data, log, app_ref=APP, extra_env=dict(session))
 
     refused = worker().start()
-    assert refused.proc is not None
-    assert refused.proc.wait(timeout=60) != 0
+    assert refused.wait_exit() != 0
     assert f"topic {changelog!r} has 2 partitions but the app declares 4" in refused.log_text()
 
     done = run(env, "reset", "-A", APP, "--data-dir", str(data), "--yes")

@@ -22,7 +22,7 @@ from streamapp import Event
 from streamapp.eventstore import open_store
 from streamapp.versions.ledger import Retirement, StoreLedger, encode
 from tests.conftest import PgUrlFactory, Services
-from tests.support.waits import until
+from tests.support.waits import run_watched, until
 
 from .harness import (
     ROOT,
@@ -58,14 +58,10 @@ def workload() -> list[Event]:
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_watched(
         streamapp_cmd(*args),
         env=env,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 
@@ -187,8 +183,7 @@ async def test_kafka_retire(services: Services, tmp_path: Path) -> None:
         assert pinned[0] == 404, pinned
 
         stale = worker("c", BOTH).start()  # code still declaring v1: refuses to start
-        assert stale.proc is not None
-        assert stale.proc.wait(timeout=60) != 0
+        assert stale.wait_exit() != 0
         assert "table 'order_status' version 1" in stale.log_text()
         assert "was retired" in stale.log_text()
 

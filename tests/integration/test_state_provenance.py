@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import subprocess
 import time
 import uuid
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from streamapp import Event
 from streamapp.eventstore.base import display_url
 from streamapp.topics import partition_for
 from tests.conftest import PgUrlFactory, Services
+from tests.support.waits import run_watched
 
 from .harness import (
     ROOT,
@@ -117,14 +117,10 @@ def _renamed(events: list[Event], prefix: str) -> list[Event]:
 
 
 def _topics_create(ns: str, env: dict[str, str], bootstrap: str = "127.0.0.1:1") -> str:
-    done = subprocess.run(
+    done = run_watched(
         streamapp_cmd("topics", "create", "-A", APP),
         env=app_env(bootstrap, ns, **env),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout

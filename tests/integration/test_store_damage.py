@@ -6,7 +6,6 @@ damaged state is wiped and rebuilt, from its changelog (Kafka) or from the event
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import uuid
 from pathlib import Path
@@ -19,7 +18,8 @@ from streamapp import Event
 from streamapp.topics import partition_for
 from tests.conftest import Services
 from tests.support.damage import DAMAGES, flush, open_status, partition_stores, read_statuses
-from tests.support.waits import frozen, until
+from tests.support.tasks import source_progress
+from tests.support.waits import finished, frozen, until
 
 from .harness import (
     StreamappProc,
@@ -337,7 +337,11 @@ async def test_a_damaged_store_that_no_source_can_rebuild_is_refused_and_kept(
     try:
         assert worker.source is not None
         with pytest.raises(StoreCorruptError) as info:
-            await asyncio.wait_for(worker.source.wait(), 20)
+            await finished(
+                worker.source.wait(),
+                what="the source failed on the damaged store",
+                progress=lambda: source_progress(worker.source),
+            )
         message = str(info.value)
         assert str(store) in message
         assert "Sst file size mismatch" in message

@@ -12,10 +12,12 @@ import aiohttp
 import pytest
 
 from streamapp import Event
+from tests.support.waits import until
 
 from .harness import (
     WorkerProc,
     create_topics,
+    partitions_of,
     produce,
     wait_caught_up,
     wait_group_ready,
@@ -57,21 +59,30 @@ async def test_every_key_from_every_worker_is_the_owners_value(
 
             async def ask(w: WorkerProc, key: str) -> None:
                 url = f"http://127.0.0.1:{w.port}/tables/order_status/{key}?meta=1"
+
+                async def answered() -> bool:
+                    async with http.get(url) as r:
+                        body: Any = await r.json()
+                        if r.status == 503:  # a rebalance: retried while partitions move
+                            assert r.headers["Retry-After"]
+                            counts["retried"] += 1
+                            return False
+                        assert r.status == 200, (w.port, key, r.status, body)
+                        assert body["value"]["status"] == expected[key], (key, body)
+                        fwd = "X-Streamapp-Forwarded-To" in r.headers
+                        counts["forwarded" if fwd else "local"] += 1
+                        return True
+
+                async def progress() -> bytes:
+                    return partitions_of([await w.status()])
+
                 async with sem:
-                    for _ in range(50):
-                        async with http.get(url) as r:
-                            body: Any = await r.json()
-                            if r.status == 503:  # a rebalance: bounded retries
-                                assert r.headers["Retry-After"]
-                                counts["retried"] += 1
-                                await asyncio.sleep(0.2)
-                                continue
-                            assert r.status == 200, (w.port, key, r.status, body)
-                            assert body["value"]["status"] == expected[key], (key, body)
-                            fwd = "X-Streamapp-Forwarded-To" in r.headers
-                            counts["forwarded" if fwd else "local"] += 1
-                            return
-                    raise AssertionError(f"{key} from {w.port}: still 503")
+                    await until(
+                        answered,
+                        what=f"{key} from {w.port} answered, not 503",
+                        progress=progress,
+                        poll_s=0.2,
+                    )
 
             await asyncio.gather(*(ask(w, k) for w in workers for k in keys))
             assert counts["local"] == 1000, counts  # each key served once by its owner

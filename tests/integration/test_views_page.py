@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from streamapp import Event
+from tests.support.waits import run_watched
 
 from .harness import ROOT, WorkerProc, create_topics, produce, wait_caught_up
 
@@ -48,7 +49,7 @@ def _fresh_artifact(name: str) -> Path:
 
 
 def _run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_watched(
         [
             chromium,
             "--headless",
@@ -58,11 +59,7 @@ def _run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.Comple
             f"--user-data-dir={profile}",
             "--virtual-time-budget=15000",
             *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        ]
     )
 
 

@@ -5,7 +5,6 @@ once the old worker is gone and v2 is live on every partition, the switch."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,14 @@ import pytest
 from streamapp import Event
 from tests.support.waits import frozen, until
 
-from .harness import WorkerProc, append_to_store, create_topics, wait_caught_up, wait_group_ready
+from .harness import (
+    WorkerProc,
+    append_to_store,
+    create_topics,
+    partitions_of,
+    wait_caught_up,
+    wait_group_ready,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,17 +42,25 @@ async def _ask(
 async def _settled(
     http: aiohttp.ClientSession, w: WorkerProc, key: str, query: str = ""
 ) -> tuple[Any, dict[str, str]]:
-    """The 200 answer for ``key``; 503s (with Retry-After) are retried, a bounded number."""
-    for _ in range(100):
+    """The 200 answer for ``key``; 503s (with Retry-After) are retried while the worker's
+    partitions move (its /status: phases, positions, counts)."""
+
+    async def answer() -> tuple[Any, dict[str, str]] | None:
         status, body, headers = await _ask(http, w, key, query)
         if status == 503:
             assert headers["Retry-After"]
             assert HEADER in headers, body
-            await asyncio.sleep(0.1)
-            continue
+            return None
         assert status == 200, (w.port, key, status, body)
         return body, headers
-    raise AssertionError(f"{key} from {w.port}{query}: still 503")
+
+    async def progress() -> bytes:
+        return partitions_of([await w.status()])
+
+    settled: tuple[Any, dict[str, str]] = await until(
+        answer, what=f"{key} from {w.port}{query} answered, not 503", progress=progress
+    )
+    return settled
 
 
 async def _tables(http: aiohttp.ClientSession, w: WorkerProc) -> dict[int, dict[str, Any]]:

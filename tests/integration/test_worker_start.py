@@ -25,8 +25,7 @@ async def test_missing_topics_are_named_and_not_created(
 ) -> None:
     ns = f"missing{uuid.uuid4().hex[:6]}-"
     worker = WorkerProc(kafka_bootstrap, ns, tmp_path / "data", tmp_path / "w.log").start()
-    assert worker.proc is not None
-    code = worker.proc.wait(timeout=60)
+    code = worker.wait_exit()
     out = worker.log_text()
     assert code != 0
     assert f"{ns}orders" in out

@@ -43,7 +43,7 @@ import orjson
 from streamapp import Event
 from tests.apps.versions_app import PARTITIONS, TABLE
 from tests.support.versions_model import FoldModel
-from tests.support.waits import frozen, until
+from tests.support.waits import frozen, run_watched, until
 
 from .harness import (
     ROOT,
@@ -426,14 +426,10 @@ async def roll(
 def retire(w: WorkerProc, version: int, *, yes: bool = True) -> subprocess.CompletedProcess[str]:
     """``streamapp retire -A APP order_status --version N [--yes]`` with ``w``'s env."""
     args = ["retire", "-A", APP, TABLE, "--version", str(version)] + (["--yes"] if yes else [])
-    return subprocess.run(
+    return run_watched(
         streamapp_cmd(*args),
         env=app_env(w.bootstrap, w.namespace, **{**w.extra_env, "STREAMAPP_WEB_PORT": str(w.port)}),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 
@@ -476,14 +472,10 @@ async def converged(
 def topics_create(w: WorkerProc, variant: str) -> str:
     """``streamapp topics create`` of the app as ``variant`` declares it (v2: its
     changelog topic), with ``w``'s environment (broker, namespace)."""
-    run = subprocess.run(
+    run = run_watched(
         streamapp_cmd("topics", "create", "-A", APP),
         env=app_env(w.bootstrap, w.namespace, **{**w.extra_env, VARIANT: variant}),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     return run.stdout

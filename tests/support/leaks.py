@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 GRACE_S = 2.0
-"""How long what a test cancelled or stopped last may take to end by itself."""
+"""How long what a test cancelled or stopped last may go with none of it ending: while
+its tasks (threads) keep ending, one after another, the grace goes on (a loaded machine
+ends them later, not never)."""
 
 
 def _describe(task: asyncio.Task[object]) -> str:
@@ -23,8 +26,10 @@ async def pending_tasks(before: set[asyncio.Task[object]]) -> list[str]:
     grace is over (those that end within it are not leaks)."""
     current = asyncio.current_task()
     left = {t for t in asyncio.all_tasks() if t is not current and t not in before}
-    if left:
-        await asyncio.wait(left, timeout=GRACE_S)
+    while left:
+        ended, left = await asyncio.wait(left, timeout=GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+        if not ended:  # none ended within the grace
+            break
     return sorted(_describe(t) for t in left if not t.done())
 
 
@@ -35,6 +40,9 @@ def running_threads(before: set[threading.Thread]) -> list[str]:
         for t in threading.enumerate()
         if t not in before and not t.daemon and t is not threading.current_thread()
     ]
-    for thread in left:
-        thread.join(GRACE_S / max(len(left), 1))
+    moved = time.monotonic()
+    while (alive := [t for t in left if t.is_alive()]) and time.monotonic() - moved < GRACE_S:
+        alive[0].join(0.05)
+        if len([t for t in left if t.is_alive()]) < len(alive):
+            moved = time.monotonic()  # one ended: the grace starts again
     return sorted(t.name for t in left if t.is_alive())

@@ -11,14 +11,24 @@ wait, so a value that flaps (``None``, then a status, then ``None``) does not ho
 stuck wait open; make it monotone (a count, an offset) where it can go back. Without
 ``progress`` the check's own state is all there is: the wait fails ``stalled_s`` after
 its start ("nothing happened").
+
+Built on the same rule: :func:`finished` (an awaitable done, e.g. a source failing),
+:func:`until_exit` (a process exited; progress: its log grows) and :func:`run_watched`
+(a command run to its exit; progress: its output or the CPU it uses).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import os
+import signal
+import subprocess
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import orjson
@@ -150,3 +160,114 @@ def until_sync(
         if watch.stalled():
             raise watch.failure(None if detail is None else detail())
         time.sleep(poll_s)
+
+
+async def finished(
+    awaitable: Awaitable[T],
+    *,
+    what: str | Callable[[], str],
+    progress: Callable[[], Any] | None = None,
+    stalled_s: float = STALLED_S,
+    detail: Callable[[], object] | None = None,
+) -> T:
+    """Await ``awaitable`` (a source's ``wait()``, a worker's ``stop()``) while
+    ``progress`` moves: its result, or the exception it raised. Fails (:class:`Stalled`,
+    the awaitable cancelled) once ``progress`` gave nothing new for ``stalled_s``."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        await until(task.done, what=what, progress=progress, stalled_s=stalled_s, detail=detail)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return task.result()
+
+
+def group_cpu(pgid: int) -> dict[int, int]:
+    """The live (not zombie) processes of process group ``pgid``: the CPU ticks (user +
+    system) each used so far. It moves while a quiet command works (one that writes
+    nothing until it is done, or whose children do the work: ``make``, ``pip``)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime + stime
+    return found
+
+
+def until_exit(
+    proc: subprocess.Popen[Any],
+    *,
+    what: str | Callable[[], str],
+    progress: Callable[[], Hashable] | None = None,
+    stalled_s: float = STALLED_S,
+    poll_s: float = 0.1,
+    detail: Callable[[], object] | None = None,
+) -> int:
+    """Until ``proc`` has exited: its exit code. Fails (:class:`Stalled`, naming ``what``
+    and ``detail()``, e.g. its log's tail; the process is left to the caller's clean-up)
+    once it neither exited nor moved ``progress`` (e.g. its log's size: a worker logs
+    each partition it closes) for ``stalled_s``."""
+    (code,) = until_sync(
+        lambda: None if proc.poll() is None else (proc.returncode,),
+        what=what,
+        progress=progress,
+        stalled_s=stalled_s,
+        poll_s=poll_s,
+        detail=detail,
+    )
+    return int(code)
+
+
+def run_watched(
+    args: Sequence[str],
+    *,
+    stalled_s: float = STALLED_S,
+    **popen: Any,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(args, capture_output=True, text=True)`` (``popen``: ``env``,
+    ``cwd``) that waits while the command writes output or its process group uses CPU,
+    instead of a wall-clock ``timeout``; fails (:class:`Stalled`, with its output so
+    far, the group killed) once it did neither for ``stalled_s``."""
+    with tempfile.TemporaryDirectory(prefix="run-watched-") as scratch:
+        paths = Path(scratch, "stdout"), Path(scratch, "stderr")
+        with paths[0].open("wb") as out, paths[1].open("wb") as err:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,  # its own group: what it starts is watched too
+                **popen,
+            )
+
+        def text(path: Path) -> str:
+            return path.read_text(errors="replace")
+
+        cpu: list[Any] = [0.0, b""]  # when last read, what: a read scans /proc (~10 ms)
+
+        def progress() -> Hashable:
+            if time.monotonic() - cpu[0] >= 1.0:
+                cpu[:] = time.monotonic(), frozen(group_cpu(proc.pid))
+            return (*(p.stat().st_size for p in paths), cpu[1])
+
+        try:
+            code = until_exit(
+                proc,
+                what=f"{' '.join(map(str, args))} exited",
+                progress=progress,
+                stalled_s=stalled_s,
+                detail=lambda: "\n".join(text(p)[-3000:] for p in paths),
+            )
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return subprocess.CompletedProcess(list(args), code, text(paths[0]), text(paths[1]))

@@ -14,6 +14,7 @@ from streamapp import App, Backoff, Event, Table, TableView
 from streamapp.cli import main
 from streamapp.errors import BrokerUnavailableError, ConfigError, ShutdownTimeoutError
 from streamapp.worker import Worker
+from tests.support.waits import finished
 
 
 def test_worker_refuses_auto_commit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +101,7 @@ async def test_start_gives_up_after_the_retry_budget_and_names_the_setting() -> 
         web_port=0,
     )
     with pytest.raises(BrokerUnavailableError, match=r"kafka_bootstrap.*after 3 attempts"):
-        await asyncio.wait_for(Worker(app, settings).start(), 60)  # the bound only stops a hang
+        await finished(Worker(app, settings).start(), what="the start given up")  # 3 fast tries
 
 
 async def test_a_taken_web_port_is_named_before_any_broker_is_asked() -> None:

@@ -18,6 +18,7 @@ from streamapp.cli import main
 from streamapp.eventstore import open_store
 from streamapp.settings.settings import Settings
 from streamapp.tables.store import rocks_opener
+from tests.support.waits import until_exit
 
 APP = "tests.apps.reset_world:app"
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,8 +135,8 @@ def holder(data: Path) -> Iterator[subprocess.Popen[str]]:
         yield proc
     finally:
         assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(timeout=30)
+        proc.stdin.close()  # it closes the store and exits
+        until_exit(proc, what="the store holder exited")
         proc.stdout.close()
 
 

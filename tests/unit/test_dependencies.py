@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from tests.support.waits import run_watched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,8 +29,6 @@ def test_every_streamapp_module_imports_without_the_sdk() -> None:
         "        importlib.import_module(m.name)\n"
         "print('ok')\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    out = run_watched([sys.executable, "-c", code], cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

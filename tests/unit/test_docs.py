@@ -14,7 +14,6 @@ import inspect
 import os
 import re
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from streamapp.cli import main as cli_main
 from streamapp.settings.settings import Settings
+from tests.support.waits import run_watched
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -101,14 +101,10 @@ def test_python_blocks_pass_mypy_strict(tmp_path: Path) -> None:
         path = tmp_path / f"doc_block_{i:03d}.py"
         path.write_text("\n" * (block.line - 1) + block.code)  # mypy's lines are the page's
         files[str(path)] = str(block.page.relative_to(ROOT))
-    out = subprocess.run(
+    out = run_watched(
         [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", *files],
         cwd=ROOT,  # the project's mypy settings; agents/ and tables/ importable
         env=dict(os.environ, MYPYPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
     )
     report = out.stdout + out.stderr
     for name, where in files.items():

@@ -15,6 +15,7 @@ from streamapp.engine.attempts import Attempts
 from streamapp.eventstore import Append, open_store
 from streamapp.records import Delivery
 from streamapp.topics import TopicSpec
+from tests.support.waits import finished
 
 
 class Member:
@@ -67,12 +68,20 @@ async def test_a_partition_is_released_before_a_building_lane_applies_its_share(
     try:
         build = asyncio.create_task(feed.catch_up(building))  # joined first
         await asyncio.sleep(0)
-        await asyncio.wait_for(feed.catch_up(whole), 5)  # not held by the gated lane
+        await finished(  # not held by the gated lane: it stands still if it is
+            feed.catch_up(whole),
+            what="orders[1] caught up",
+            progress=lambda: (whole.replayed, whole.position),
+        )
         assert whole.replayed == 50
         assert not build.done()
         assert building.replayed == 0
         gate.set()
-        await asyncio.wait_for(build, 5)
+        await finished(
+            build,
+            what="the build caught up",
+            progress=lambda: (building.replayed, building.position),
+        )
         assert building.replayed == 50
     finally:
         gate.set()
@@ -109,7 +118,11 @@ async def test_failed_reads_are_tried_again_and_every_member_gets_every_event_on
     members = [Member(f"orders[{p}]", building=False) for p in range(2)]
     feed.start()
     try:
-        await asyncio.wait_for(asyncio.gather(*(feed.catch_up(m) for m in members)), 20)
+        await finished(
+            asyncio.gather(*(feed.catch_up(m) for m in members)),
+            what="every member caught up",
+            progress=lambda: (flaky.calls, *((m.replayed, m.position) for m in members)),
+        )
         assert [(m.replayed, m.position) for m in members] == [(45, 46), (45, 46)]
         assert flaky.calls > 3  # the failed reads were made again
     finally:

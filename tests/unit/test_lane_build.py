@@ -232,7 +232,11 @@ async def test_a_build_joining_the_followers_during_their_read_gets_every_event(
         await _accepting(task)
         task.replay.lanes = [lane1]  # the store's followers: v1 (embedded, as go_live sets)
         feed.follow(task.replay)
-        await asyncio.wait_for(held.reading.wait(), 10)  # the followers' read from 201
+        await until(  # the followers' read from 201
+            held.reading.is_set,
+            what="the followers reading from 201",
+            progress=lambda: (lane1.history_position(), lane2.history_position(), task.phase),
+        )
         task.replay.lanes = [lane1, lane2]  # v2 joins them at 101 meanwhile
         held.gate.set()
 

@@ -3,9 +3,10 @@ or a thread (not daemon) running, and passes one whose loop threads end with it.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.support.waits import run_watched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,10 +38,10 @@ async def test_clean_with_to_thread() -> None:
 
 def test_leaked_tasks_and_threads_fail_the_test_that_left_them(tmp_path: Path) -> None:
     (tmp_path / "test_leaking.py").write_text(LEAKING)
-    done = subprocess.run(
+    done = run_watched(
         [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "-p",
          "tests.conftest", "-p", "no:cacheprovider", "-q", "-rE", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
     )  # fmt: skip
     out = done.stdout
     assert done.returncode == 1, out

@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 from tests.conftest import SKIPS_ALLOWED
+from tests.support.waits import run_watched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,10 +32,10 @@ def test_passes() -> None:
 
 def test_a_skipped_test_fails_naming_why(tmp_path: Path) -> None:
     (tmp_path / "test_skipping.py").write_text(SKIPPING)
-    done = subprocess.run(
+    done = run_watched(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
          "-q", "-rfE", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
     )  # fmt: skip
     out = done.stdout
     assert done.returncode == 1, out

@@ -6,13 +6,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from streamapp import App, Event
 from streamapp.testing import MemoryBroker
+from tests.support.waits import run_watched
 from tests.unit.test_docs import PAGES, PYTHON, ROOT
 
 BLOCKS = [b.code for b in PYTHON]
@@ -90,7 +90,7 @@ def test_memory_broker_example_passes_under_pytest_asyncio(tmp_path: Path) -> No
     test_file = tmp_path / "test_readme_example.py"
     test_file.write_text(_block("async def test_paid_order"))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run(
+    out = run_watched(
         [
             sys.executable,
             "-m",
@@ -106,10 +106,6 @@ def test_memory_broker_example_passes_under_pytest_asyncio(tmp_path: Path) -> No
         ],
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 passed" in out.stdout

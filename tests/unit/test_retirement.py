@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from streamapp.versions.ledger import (
     parse_label,
 )
 from streamapp.versions.retired import is_retired
+from tests.support.waits import finished, until
 
 NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.-0123456789@v", min_size=1, max_size=20)
 
@@ -149,7 +149,7 @@ async def test_the_store_ledger_keeps_records_and_hands_new_ones_on(tmp_path: Pa
         retired = Retirement("order_status", 1, "now")
         await writer.put(retired.key, encode(retired))
         updates = reader.updates()
-        got = await asyncio.wait_for(anext(updates), 5)
+        got = await finished(anext(updates), what="the retirement read by the other ledger")
         assert got == [(retired.key, encode(retired))]
         await updates.aclose()
     finally:
@@ -212,9 +212,12 @@ async def test_a_worker_learns_retirements_at_start_and_while_it_runs(tmp_path: 
         later = Retirement("order_status", 3, "now")
         await writer.put(later.key, encode(later))
         gone = tmp_path / "data" / "learns" / "status_v0"
-        async with asyncio.timeout(10):
-            while not is_retired("learns", "order_status", 3) or gone.exists():  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+        await until(  # progress: the two halves of the check, as each comes true
+            lambda: is_retired("learns", "order_status", 3) and not gone.exists(),
+            what="version 3 learnt retired and status_v0's store gone",
+            progress=lambda: (is_retired("learns", "order_status", 3), gone.exists()),
+            poll_s=0.01,
+        )
         declared = await writer.records()
         assert VersionRecord("order_status", 2, "status_v2", None).key in dict(declared)
     finally:

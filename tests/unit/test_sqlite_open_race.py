@@ -6,6 +6,8 @@ import asyncio
 import multiprocessing
 from pathlib import Path
 
+from tests.support.waits import until_sync
+
 
 def _open(path: str) -> None:
     from streamapp.eventstore import open_store
@@ -17,6 +19,17 @@ def _open(path: str) -> None:
     asyncio.run(run())
 
 
+def _all_exited(procs: list[multiprocessing.process.BaseProcess], what: str) -> None:
+    """Until every process exited (joined); progress: how many have, one after another."""
+    until_sync(
+        lambda: all(p.exitcode is not None for p in procs),
+        what=what,
+        progress=lambda: sum(p.exitcode is not None for p in procs),
+    )
+    for p in procs:
+        p.join()  # exited: at once
+
+
 def test_six_processes_create_one_store_at_once(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     for round_ in range(3):
@@ -24,6 +37,5 @@ def test_six_processes_create_one_store_at_once(tmp_path: Path) -> None:
         procs = [ctx.Process(target=_open, args=(path,)) for _ in range(6)]
         for p in procs:
             p.start()
-        for p in procs:
-            p.join(timeout=60)
+        _all_exited(procs, f"six processes opened {path}")
         assert [p.exitcode for p in procs] == [0] * 6

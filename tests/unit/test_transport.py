@@ -4,7 +4,6 @@ when picked; the capability check; and no broker name compared anywhere else."""
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from streamapp.failures.outcomes import FailurePolicy
 from streamapp.settings.settings import BROKERS
 from streamapp.testing import transport as memory
 from streamapp.transports.base import Capabilities, refuse_unsupported, transports
+from tests.support.waits import run_watched
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "streamapp"
@@ -103,9 +103,7 @@ def test_picking_kafka_imports_no_rabbitmq_client() -> None:
         "transports['none'].capabilities\n"
         "print('aiokafka' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    out = run_watched([sys.executable, "-c", code], cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]", "True"]  # kafka's own client, and no other
 

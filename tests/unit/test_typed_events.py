@@ -4,7 +4,6 @@ unknown types, pydantic models, typed sends, and what mypy strict sees in a hand
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from streamapp import App, Event, EventTypes, Outcome, Park, Send, Table, TableV
 from streamapp.agents.typed import schema_version
 from streamapp.errors import ConfigError, DataError
 from streamapp.testing import MemoryBroker
+from tests.support.waits import run_watched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -316,7 +316,7 @@ def test_mypy_strict_sees_the_models_in_a_handler(tmp_path: Path) -> None:
         "    return data.amount\n"  # not narrowed: not every model has it
     )
     run = [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(good), str(bad)]
-    out = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = run_watched(run, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if ": error:" in line]
     assert all(line.startswith(str(bad)) for line in lines), out.stdout
     assert any('"OrderPaid" has no attribute "amout"' in line for line in lines), out.stdout

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.support.waits import Stalled, until, until_sync
+from tests.support.waits import Stalled, finished, run_watched, until, until_exit, until_sync
 
 
 async def test_returns_the_checks_value_once_it_holds() -> None:
@@ -116,3 +119,59 @@ def test_the_sync_twin_returns_fails_on_a_stall_and_waits_on_progress() -> None:
         stalled_s=0.2,
         poll_s=0.02,
     )
+
+
+async def test_finished_returns_or_raises_what_the_awaitable_did_and_cancels_it_on_a_stall() -> (
+    None
+):
+    async def answer() -> int:
+        await asyncio.sleep(0.05)
+        return 5
+
+    async def fail() -> None:
+        raise ValueError("source failed")
+
+    assert await finished(answer(), what="answered", stalled_s=5) == 5
+    with pytest.raises(ValueError, match="source failed"):
+        await finished(fail(), what="failed", stalled_s=5)
+    hang = asyncio.ensure_future(asyncio.Event().wait())
+    with pytest.raises(Stalled, match=r"not the source failed .*stood at 1"):
+        await finished(hang, what="the source failed", progress=lambda: 1, stalled_s=0.2)
+    assert hang.cancelled()
+
+
+def _python(code: str, out: Path) -> subprocess.Popen[bytes]:
+    with out.open("ab") as log:
+        return subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=log)
+
+
+def test_until_exit_waits_while_the_log_grows_and_fails_when_it_stands_still(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "log"
+    chatty = _python(
+        "import time\nfor i in range(8):\n print(i, flush=True); time.sleep(0.1)\n"
+        "raise SystemExit(3)",
+        log,
+    )
+    size = lambda: log.stat().st_size if log.exists() else 0  # noqa: E731
+    assert until_exit(chatty, what="chatty exited", progress=size, stalled_s=0.5) == 3
+    quiet = _python("import time; time.sleep(60)", log)
+    try:
+        with pytest.raises(Stalled, match="not quiet exited"):
+            until_exit(quiet, what="quiet exited", progress=size, stalled_s=0.3)
+    finally:
+        quiet.kill()
+        quiet.wait()
+
+
+def test_run_watched_captures_the_output_and_fails_a_silent_idle_command() -> None:
+    done = run_watched([sys.executable, "-c", "import sys; print('out'); sys.exit(2)"])
+    assert (done.returncode, done.stdout) == (2, "out\n")
+    started = time.monotonic()
+    with pytest.raises(Stalled, match="printed then slept"):
+        run_watched(
+            [sys.executable, "-c", "import time; print('printed then slept'); time.sleep(60)"],
+            stalled_s=1.0,
+        )
+    assert time.monotonic() - started < 30  # the sleeper was killed, not waited for
