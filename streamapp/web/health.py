@@ -1,12 +1,14 @@
 """Liveness, readiness and status of one worker.
 
 ``/healthz`` says the process answers; ``/readyz`` says every assigned partition is
-restored, caught up and live, the group is not rebalancing and it confirmed this
-worker's ownership within ``owner_lease_s`` (503 otherwise, naming the partitions that
-are not live, ``not_live``, and those whose ownership is not confirmed, ``unconfirmed``,
-with why); ``/status`` is informational: partitions, phases, lag where the
-transport knows it, outcomes, the catch-up progress of the event-store feed, and the last
-stall of the event loop (who blocked it, on which record, how long), the publishes each
+restored, caught up and live, the group is not rebalancing, it confirmed this worker's
+ownership within ``owner_lease_s`` and no agent has all its partitions here stalled (503
+otherwise, naming the partitions that are not live, ``not_live``, those whose ownership
+is not confirmed, ``unconfirmed``, with why, and the agents stalled, ``stalled``, with
+why: :mod:`streamapp.engine.stalled`); ``/status`` is informational: partitions, phases,
+lag where the transport knows it (in records, ``lag``, and in seconds, ``lag_s``),
+outcomes, the catch-up progress of the event-store feed, and the last stall of the event
+loop (who blocked it, on which record, how long), the publishes each
 sink's broker did not confirm (``sinks``), the relays' held copies and lag (``relays``)
 and the retry chain's copies by ``x-retry-hop`` (``retry_hops``); an agent that holds
 streams (``Park(destination, hold="stream")``) has ``held_streams`` and ``held_events``,
@@ -45,12 +47,17 @@ def add_routes(
         not_live = assignment.not_live()
         unconfirmed = assignment.not_confirmed()
         rebalancing = assignment.rebalancing
+        stalled = assignment.stalled_agents()
         body = {
-            "ready": not rebalancing and not not_live and assignment.unconfirmed() is None,
+            "ready": not rebalancing
+            and not not_live
+            and assignment.unconfirmed() is None
+            and not stalled,
             "rebalancing": rebalancing,
             "partitions": len(assignment.tasks),
             "not_live": not_live,
             "unconfirmed": unconfirmed,
+            "stalled": stalled,
             "stuck_on": {
                 task.name: task.counts.stuck_on
                 for task in assignment.tasks.values()
