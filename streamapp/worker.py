@@ -236,6 +236,7 @@ class Worker:
                 feed.status if feed else None,
                 metrics=self.metrics,
                 token=self.settings.web_token,
+                data_dir=self.settings.data_dir,
             ),
             access_log=None,  # never logs headers (the token)
             max_line_size=MAX_REQUEST_LINE,

@@ -33,8 +33,10 @@ def make_app(
     *,
     metrics: WorkerMetrics | None = None,
     token: str | None = None,
+    data_dir: Path | None = None,
 ) -> web.Application:
-    """The aiohttp application of one worker."""
+    """The aiohttp application of one worker (``data_dir``: where its table stores are,
+    whose disk ``/readyz`` checks)."""
     if metrics is None:
         metrics = WorkerMetrics()
     metrics.watch(assignment)
@@ -58,7 +60,9 @@ def make_app(
         stall = metrics.last_stall
         return None if stall is None else stall.as_status()
 
-    health.add_routes(app, assignment, worker_id, history, last_stall, metrics.operations)
+    health.add_routes(
+        app, assignment, worker_id, history, last_stall, metrics.operations, data_dir=data_dir
+    )
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/openapi.json", openapi_json)
     app.router.add_get("/", page)
