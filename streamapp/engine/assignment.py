@@ -7,7 +7,7 @@ source); the worker, the views and the status page read it, and know no transpor
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..agent import Agent
 from ..errors import TableUnavailableError
@@ -125,7 +125,7 @@ class Assignment:
             status = task.status()
             lags = self.lag_seconds(key, task)
             status["lag_s"] = _rounded(lags.get(""))
-            agents: dict[str, dict[str, object]] = status["agents"]  # type: ignore[assignment]
+            agents = cast("dict[str, dict[str, object]]", status["agents"])
             for name, lane in agents.items():
                 lane["lag_s"] = _rounded(lags.get(name))
             if task.phase is Phase.LIVE and gap is not None:
