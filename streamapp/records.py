@@ -56,6 +56,11 @@ class DeliveryRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Headers
+    timestamp_ms: int | None = None
+    """When the record entered its topic, where the broker says (Kafka: the record's
+    timestamp, in ms since the epoch, as aiokafka decodes it: the producer's send time,
+    or the broker's append time on a topic with ``LogAppendTime``). Read only when a
+    lag in seconds is asked for (:mod:`streamapp.engine.stalled`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from .catchup.feed import StoreFeed
 from .engine.interfaces import LiveSource, Sink
 from .engine.served import LATCH_FILE, DurableLatch
 from .engine.stall import watch_loop
+from .engine.stalled import PartitionStalls
 from .engine.summary import summarize_partitions
 from .errors import BrokerUnavailableError, ConfigError, ShutdownTimeoutError, StateMismatchError
 from .eventstore import open_store
@@ -175,11 +176,15 @@ class Worker:
             self.source = self._open_source()
             latch = self.settings.data_dir / f"{self.app.id}-{LATCH_FILE}"  # beside its stores
             self.source.assignment.served = DurableLatch(latch)
+            assignment = self.source.assignment
+            after_s = self.settings.stall_after_s
+            assignment.stalls = PartitionStalls(lambda: assignment.tasks, after_s)
             await self._serve(listening)
             sink = self.sink
             if self.feed is not None:
                 self.feed.start()
             await self.source.start()
+            assignment.stalls.start()
             context, transport = self._context, self.transport
             self.members = transport.make_directory(context, self.source, sink)
             if self.members is not None:
@@ -246,6 +251,7 @@ class Worker:
                 folds=StoreFolds(
                     self.app, lambda: self.store, self.transport.capabilities.embedded
                 ),
+                data_dir=self.settings.data_dir,
             ),
             access_log=None,  # never logs headers (the token)
             max_line_size=MAX_REQUEST_LINE,
@@ -292,6 +298,8 @@ class Worker:
         if self._summary is not None:
             self._summary.cancel()
             await asyncio.gather(self._summary, return_exceptions=True)
+        if self.source is not None and self.source.assignment.stalls is not None:
+            await self.source.assignment.stalls.stop()
         try:
             if self.relay is not None:
                 await self.relay.stop()

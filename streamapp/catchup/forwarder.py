@@ -96,6 +96,9 @@ class Forwarder:
         """Whether this forwarder holds the store's forwarder lock (and so publishes)."""
         self.position: int | None = None
         """The checkpoint: the next store position to publish (None: lock never held)."""
+        self.pending_since: float | None = None
+        """When (monotonic) this forwarder first read the event at its checkpoint and had
+        not published it yet (None: none read): the floor of its lag in seconds."""
 
     async def run(self) -> None:
         """Wait for the lock, then forward until cancelled. A lock lost with its database
@@ -145,6 +148,8 @@ class Forwarder:
                         time.monotonic() - read_failed,
                     )
                     read_failed = None
+                if rows and self.pending_since is None:
+                    self.pending_since = time.monotonic()
                 if not rows:
                     self.failures = 0  # caught up, the producer started: nothing failing
                     await asyncio.sleep(self.poll_interval_s)
@@ -172,7 +177,7 @@ class Forwarder:
                 offsets = _highest(receipts, rows, len(self.topics))
                 position = rows[-1].position + 1
                 await state.save(position, offsets)
-                self.position = position
+                self.position, self.pending_since = position, None
                 self.forwarded += len(rows)
                 summary.published(rows[0].position, rows[-1].position)
                 log.debug(
@@ -184,7 +189,7 @@ class Forwarder:
                     " ".join(f"{t}[{p}]@{o}=pos{s}" for t, p, o, s in offsets),
                 )
         finally:
-            self.holding = False
+            self.holding, self.pending_since = False, None
             log.info(
                 "forwarder %s stopped publishing at store position %d (%d events published "
                 "while it held the lock)",

@@ -27,13 +27,15 @@ class Ahead:
         self.taking = False
         """A batch runs and takes what is fetched meanwhile."""
         self.waiting: list[Delivery] = []
+        self.in_hand: Sequence[Delivery] = ()
+        """The batch in hand, or the last one (read by observers: :mod:`.stalled`)."""
         self._held = False
         """The partition is paused because :attr:`waiting` is full."""
 
-    def start(self, prefetch: bool) -> None:
-        """A batch starts: with ``prefetch``, take what is fetched meanwhile; without,
-        pause the partition until the batch ends."""
-        self.prefetch = prefetch
+    def start(self, prefetch: bool, deliveries: Sequence[Delivery] = ()) -> None:
+        """A batch of ``deliveries`` starts: with ``prefetch``, take what is fetched
+        meanwhile; without, pause the partition until the batch ends."""
+        self.prefetch, self.in_hand = prefetch, deliveries
         if prefetch:
             self.taking = True
         else:
@@ -53,6 +55,7 @@ class Ahead:
     def take(self) -> list[Delivery]:
         """The next batch (fetching goes on for the one after)."""
         taken, self.waiting = self.waiting, []
+        self.in_hand = taken
         if self._held:
             self._held = False
             self.port.resume()

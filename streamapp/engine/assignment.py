@@ -7,7 +7,7 @@ source); the worker, the views and the status page read it, and know no transpor
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..agents.agent import Agent
 from ..errors import TableUnavailableError
@@ -16,6 +16,7 @@ from ..tables.table import Table
 from .interfaces import Directory
 from .lease import Lease
 from .phase import Phase
+from .stalled import PartitionStalls, Stalled, lag_seconds
 from .task import PartitionTask
 
 
@@ -49,9 +50,12 @@ class Assignment:
         self.lease: Lease | None = None
         """This worker's owner's lease, confirmed by its group (:mod:`.lease`); None: no
         group to confirm it (the embedded store lock holds while the process runs)."""
-        self.stalled: Callable[[], Mapping[tuple[str, int], float]] = dict
-        """The live partitions that have deliveries waiting and get none, each with for
-        how long (where the transport can tell: RabbitMQ,
+        self.stalls: PartitionStalls | None = None
+        """The engine's watch of its live partitions (every transport): the stalled ones
+        and the lag's lower bound (:mod:`streamapp.engine.stalled`); None: not watched."""
+        self.stall_sources: list[Callable[[], Mapping[tuple[str, int], Stalled]]] = []
+        """Who else finds stalled partitions: the transport, where it can tell (RabbitMQ:
+        the broker gives the queue to another consumer,
         :mod:`streamapp.transports.rabbitmq.stalled`)."""
 
     def owner_of(self, table: str, key: str) -> tuple[int, PartitionTask | None]:
@@ -111,30 +115,93 @@ class Assignment:
         }
 
     def status(self) -> dict[str, Any]:
-        """Each task's status; a live one whose lease lapsed is ``unconfirmed`` (see
-        :data:`UNCONFIRMED`), with ``unconfirmed_s``; one that gets none of the deliveries
-        waiting for it is ``stalled`` (:data:`STALLED`), with ``stalled_s``."""
+        """Each task's status with its lag in seconds (``lag_s``, and per agent); a live one
+        whose lease lapsed is ``unconfirmed`` (see :data:`UNCONFIRMED`), with
+        ``unconfirmed_s``; a stalled one is ``stalled`` (:data:`STALLED`), with
+        ``stalled_s`` and what it was doing, ``stalled_doing``."""
         gap = self.unconfirmed()
         stalled = self.stalled()
         out: dict[str, Any] = {}
         for key, task in sorted(self.tasks.items(), key=lambda kv: kv[0]):
             status = task.status()
+            lags = self.lag_seconds(key, task)
+            status["lag_s"] = _rounded(lags.get(""))
+            agents = cast("dict[str, dict[str, object]]", status["agents"])
+            for name, lane in agents.items():
+                lane["lag_s"] = _rounded(lags.get(name))
             if task.phase is Phase.LIVE and gap is not None:
                 status |= {"phase": UNCONFIRMED, "unconfirmed_s": round(gap, 1)}
-            elif task.phase is Phase.LIVE and key in stalled:
-                status |= {"phase": STALLED, "stalled_s": round(stalled[key], 1)}
+            elif key in stalled:
+                seconds, doing = stalled[key]
+                status |= {"phase": STALLED, "stalled_s": round(seconds, 1)}
+                status["stalled_doing"] = doing
             out[task.name] = status
         return out
 
+    def stalled(self) -> dict[tuple[str, int], Stalled]:
+        """The live partitions that are stalled, by the engine's watch or the transport
+        (one concept: :mod:`streamapp.engine.stalled`), each with for how long and what
+        it was doing (the longer, when both say so)."""
+        found: dict[tuple[str, int], Stalled] = {}
+        sources = [*self.stall_sources, *([self.stalls.stalled] if self.stalls else [])]
+        for source in sources:
+            for key, stall in source().items():
+                task = self.tasks.get(key)
+                if task is None or task.phase is not Phase.LIVE:
+                    continue
+                if key not in found or found[key].seconds < stall.seconds:
+                    found[key] = stall
+        return found
+
     def stalled_count(self) -> int:
-        """Live partitions that get none of the deliveries waiting for them."""
+        """Live partitions that are stalled (see :meth:`stalled`)."""
+        return len(self.stalled())
+
+    def stalled_agents(self) -> dict[str, str]:
+        """The agents every partition of which here is stalled, each with why (the
+        longest-stalled partition's name and what it was doing): ``/readyz`` is 503."""
         stalled = self.stalled()
-        return sum(1 for k, t in self.tasks.items() if k in stalled and t.phase is Phase.LIVE)
+        if not stalled:
+            return {}
+        out: dict[str, str] = {}
+        for name, agent in self.app.agents.items():
+            keys = [k for k in self.tasks if k[0] == agent.topic.name]
+            if keys and all(k in stalled for k in keys):
+                key = max(keys, key=lambda k: stalled[k].seconds)
+                seconds, doing = stalled[key]
+                out[name] = (
+                    f"all {len(keys)} partitions stalled (setting stall_after_s), "
+                    f"{self.tasks[key].name} for {seconds:.0f}s: {doing}"
+                )
+        return out
+
+    def lag_seconds(self, key: tuple[str, int], task: PartitionTask) -> dict[str, float]:
+        """``task``'s lag in seconds (:func:`~streamapp.engine.stalled.lag_seconds`):
+        under ``""`` the partition's, and each live agent's by name (none when unknown:
+        not live yet)."""
+        seen_s = self.stalls.seen_s(key, task) if self.stalls is not None else 0.0
+        out: dict[str, float] = {}
+        whole = lag_seconds(task, seen_s=seen_s)
+        if whole is None:
+            return out
+        out[""] = whole
+        for lane in task.lanes:
+            if lane.next is not None:
+                at_settle = lane.next == task.next_position
+                lane_lag = lag_seconds(task, lane.next, seen_s if at_settle else 0.0)
+                if lane_lag is not None:
+                    out[lane.name] = lane_lag
+        return out
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 STALLED = "stalled"
-"""What ``/status`` says of a live partition that has deliveries waiting and gets none
-(on RabbitMQ: the broker gives its queue to another consumer). Not a phase of the task."""
+"""What ``/status`` says of a live partition that is stalled (:mod:`.stalled`: it has
+events to apply and applied none for ``stall_after_s``; on RabbitMQ also: the broker gives
+its queue to another consumer). Not a phase of the task."""
 
 UNCONFIRMED = "unconfirmed"
 """What ``/status`` says of a live partition whose owner's lease lapsed: this worker may

@@ -19,6 +19,32 @@ class Pace:
         self.delay = min(self.delay * 2, self.max_s)
 
 
+class Pauses:
+    """The pauses a partition task chooses before it is fetched again (a Redeliver
+    backoff, a table it reads unavailable): an observer tells them from a stall
+    (:mod:`streamapp.engine.stalled`)."""
+
+    def __init__(self) -> None:
+        self.pausing = False
+        """True while the task waits out such a pause."""
+        self.count = 0
+        """Such pauses since the task started."""
+        self._chosen = False
+
+    def chose(self, seconds: float) -> None:
+        """The run stopped and the task pauses ``seconds`` on purpose before the next."""
+        self._chosen = seconds > 0
+        self.count += self._chosen
+
+    async def wait(self, stop: asyncio.Event, seconds: float) -> None:
+        """The pause before the partition is fetched again (chosen, or another's)."""
+        self.pausing, self._chosen = self._chosen and seconds > 0, False
+        try:
+            await pause(stop, seconds)
+        finally:
+            self.pausing = False
+
+
 def doubled(first_s: float, max_s: float, n: int) -> float:
     """The ``n``-th wait (1-based) of waits doubling from ``first_s`` up to ``max_s``; a
     ``first_s`` above ``max_s`` is kept, never shortened."""

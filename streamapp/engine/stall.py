@@ -188,6 +188,25 @@ def describe(record: Delivery, item: Event | DecodeError) -> str:
     return f"{at} (stream {item.stream_id},{sv} type {item.type}, id {item.id})"
 
 
+_ASYNCIO = os.path.dirname(asyncio.__file__)
+
+
+def awaiting(task: asyncio.Future[Any]) -> str:
+    """The innermost line of ``task``'s own code it waits on (``file:line in function``),
+    following what each of its coroutines awaits (asyncio's own frames skipped)."""
+    where = "unknown"
+    awaited: Any = task.get_coro() if isinstance(task, asyncio.Task) else None
+    for _ in range(50):
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            break
+        code = frame.f_code
+        if not code.co_filename.startswith(_ASYNCIO):
+            where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return where
+
+
 def watch_loop(warn_ms: int, report: StallReport | None) -> Callable[[], None]:
     """Start a :class:`StallWatch` on the running loop (``warn_ms`` 0: none); returns
     what stops it."""

@@ -177,7 +177,7 @@ class PartitionState:
             log.warning("%s: closing the transaction failed: %r", self.name, exc)
         finally:
             for store in stores:
-                store.close()
+                await close_store(store)
 
     # corrupt local state (Kafka Streams' task-corrupted rule) ----------------------------
     def _store_damaged(self, lane: Lane, damage: StoreCorruptError) -> None:
@@ -252,6 +252,21 @@ class PartitionState:
             damage.status,
             source,
         )
+
+
+async def close_store(store: Store) -> None:
+    """Close ``store`` in a thread and wait until it is closed: a RocksDB close flushes,
+    and on a full disk it retries for seconds, which must not stop the event loop (the
+    views, ``/readyz``, the group's heartbeats). It is waited for to the end (a
+    cancelled caller still lets it finish), so its directory's lock is free before the
+    partition can open there again; nothing reads the store meanwhile (its lane let it
+    go first)."""
+    closing = asyncio.ensure_future(asyncio.to_thread(store.close))
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        await asyncio.gather(closing, return_exceptions=True)
+        raise
 
 
 def _close_when_opened(opening: asyncio.Future[Store]) -> None:

@@ -24,19 +24,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ..agents.agent import Agent
-from ..errors import (
-    AgentRefusedError,
-    FencedError,
-    StoreBehindError,
-    StoreCorruptError,
-)
+from ..errors import AgentRefusedError, FencedError, StoreBehindError, StoreCorruptError
 from ..failures.outcomes import Outcome
 from ..records import Delivery
 from ..tables.checkpoint import Checkpoint
 from ..tables.partition import PartitionTables
 from .ahead import Ahead
 from .attempts import Attempts
-from .backoff import pause
+from .backoff import Pauses
 from .commit import Commit
 from .interfaces import PartitionPort, Transaction
 from .lane import SKIP, Lane, Run, run_lanes
@@ -117,6 +112,8 @@ class PartitionTask:
         the two take turns (each commits its own work, never the other's)."""
         self.builds: list[LaneBuild] = []
         """Lanes catching up on their own while the others are live (engine.build)."""
+        self.pauses: Final = Pauses()
+        """The pauses it chooses (a Redeliver backoff): no stall (engine.stalled)."""
 
     # what observers read ---------------------------------------------------------------
     @property
@@ -319,7 +316,7 @@ class PartitionTask:
         if not deliveries:
             return
         self._busy = True
-        self.ahead.start(prefetch)
+        self.ahead.start(prefetch, deliveries)
         self._batch = asyncio.create_task(self.process(deliveries), name=f"batch {self.name}")
         self._batch.add_done_callback(self._batch_done)
 
@@ -371,7 +368,7 @@ class PartitionTask:
                 rebuilt = await rebuild_damaged(self)
             if not rebuilt:
                 return
-        await pause(self.closing, wait_s)
+        await self.pauses.wait(self.closing, wait_s)
         if self.phase is not Phase.LIVE:
             return
         if self.reseek and self.next_position is not None:
@@ -430,6 +427,7 @@ class PartitionTask:
             if run.stop is not None:
                 self.rewind(min(run.reached))
                 wait_s = run.pause_s(self.metrics, self.config.redeliver_pause_s)
+                self.pauses.chose(wait_s)
                 break
         return wait_s
 

@@ -171,6 +171,12 @@ class Settings:
     every partition store it opens, with their memtables charged to it (docs/settings.md:
     Memory)."""
     restore_stall_timeout_s: float = 60.0
+    stall_after_s: float = 30.0
+    """A live partition that has events to apply and applied none for this long, while
+    its task is not redelivering on purpose (a Redeliver backoff), is stalled: named in
+    ``/status``, counted on ``/metrics`` (``streamapp_stalled_partitions``), logged once
+    with what it was doing; ``/readyz`` is 503 while every partition of an agent is
+    (:mod:`streamapp.engine.stalled`)."""
     loop_stall_warn_ms: int = 500
     """Warn when the event loop did not run for longer than this (a handler that blocks
     it stalls every partition, the group heartbeats and the views): the warning names the
@@ -318,6 +324,7 @@ class Settings:
             "shutdown_timeout_s",
             "store_open_timeout_s",
             "restore_stall_timeout_s",
+            "stall_after_s",
         ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be positive")

@@ -23,6 +23,32 @@ COMMAND_CHARS = 160
 """How much of a holder's command line a message shows."""
 
 
+DISK_FULL_BYTES = 1 << 20
+"""Below this much space left under the data directory (to an unprivileged writer) its
+disk is full: RocksDB's next write there (a log append, a flush) fails with ``No space
+left on device``."""
+
+
+def disk_full(data_dir: Path) -> str | None:
+    """``disk full under DATA_DIR (...)`` when the file system of ``data_dir`` has less than
+    :data:`DISK_FULL_BYTES` left; None when it has room (or cannot be asked). One
+    ``statvfs``: cheap enough for each ``/readyz``."""
+    probe = Path(data_dir)
+    while not probe.exists() and probe.parent != probe:  # not made yet: its parent's disk
+        probe = probe.parent
+    try:
+        stat = os.statvfs(probe)
+    except OSError:
+        return None
+    free = stat.f_bavail * stat.f_frsize
+    if free >= DISK_FULL_BYTES:
+        return None
+    return (
+        f"disk full under {data_dir} ({free} bytes left): the table stores cannot be "
+        "written; free space there (or give the worker a --data-dir on another disk)"
+    )
+
+
 def app_directory(data_dir: Path, app_id: str) -> Path:
     """The directory of every store of ``app_id`` under ``data_dir``."""
     return Path(data_dir) / app_id

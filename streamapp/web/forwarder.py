@@ -1,7 +1,8 @@
 """The HTTP face of ``streamapp forward``: ``/healthz``, ``/metrics`` and ``/status``.
 
 The forwarder runs as a process of its own, outside any worker, so it serves its own
-metrics: events published, lag behind the store head, rate, consecutive failures,
+metrics: events published, lag behind the store head (in events, and in seconds: the
+age of the oldest event not published), rate, consecutive failures,
 whether it holds the store's forwarder lock, its checkpoint and the store head. The
 head is read from the store at each scrape (the lag holds while idle); ``/status`` is the
 same as JSON. The worker's middlewares apply: the bearer token of setting ``web_token``
@@ -10,8 +11,10 @@ same as JSON. The worker's middlewares apply: the bearer token of setting ``web_
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -33,6 +36,8 @@ class ForwarderSnapshot:
     lock_held: bool
     published: int
     lag: int | None
+    lag_s: float | None
+    """Age of the oldest store event not published (0 when caught up): see :func:`lag_s`."""
     rate: float
     consecutive_failures: int
     checkpoint_position: int | None
@@ -55,11 +60,39 @@ async def snapshot(forwarder: Forwarder) -> ForwarderSnapshot:
         lock_held=forwarder.holding,
         published=forwarder.forwarded,
         lag=lag,
+        lag_s=await lag_s(forwarder, lag),
         rate=forwarder.rate,
         consecutive_failures=forwarder.failures,
         checkpoint_position=position,
         store_head=head,
     )
+
+
+async def lag_s(forwarder: Forwarder, lag: int | None) -> float | None:
+    """The age of the oldest store event ``forwarder`` has not published: 0 with no lag;
+    else read at the scrape (one row at its checkpoint, nothing on the publishing path).
+    The store keeps no append time, so the age is the event's CloudEvents ``time`` (set
+    when it is made, by :meth:`~streamapp.Event.create` unless given: for an outbox, when
+    it was appended), never below 0 nor below how long this forwarder has held it
+    unpublished on its own monotonic clock (another host's clock may lag). None: not
+    known (no lag known, the store does not answer)."""
+    if lag is None or forwarder.position is None:
+        return None
+    if lag == 0:
+        return 0.0
+    pending = forwarder.pending_since
+    age = 0.0 if pending is None else time.monotonic() - pending
+    try:
+        rows = await forwarder.store.read_all(forwarder.position, 1)
+        stamp = rows[0].event().time if rows else None
+        if stamp:
+            made = datetime.fromisoformat(stamp)
+            if made.tzinfo is None:
+                made = made.replace(tzinfo=UTC)
+            age = max(age, time.time() - made.timestamp())
+    except Exception:  # the store is down, or a time that does not parse: the floor
+        pass
+    return age
 
 
 def render(snap: ForwarderSnapshot) -> bytes:
@@ -83,6 +116,12 @@ def render(snap: ForwarderSnapshot) -> bytes:
     families: list[Metric | None] = [
         published,
         gauge("lag_events", "Store events not published yet (store head - checkpoint).", snap.lag),
+        gauge(
+            "lag_seconds",
+            "Age of the oldest store event not published yet, from its CloudEvents time "
+            "(0 when caught up; docs/operations.md).",
+            snap.lag_s,
+        ),
         gauge(
             "rate_events_per_second",
             "Events published per second over the last summary interval.",

@@ -1,12 +1,15 @@
 """Liveness, readiness and status of one worker.
 
 ``/healthz`` says the process answers; ``/readyz`` says every assigned partition is
-restored, caught up and live, the group is not rebalancing and it confirmed this
-worker's ownership within ``owner_lease_s`` (503 otherwise, naming the partitions that
-are not live, ``not_live``, and those whose ownership is not confirmed, ``unconfirmed``,
-with why); ``/status`` is informational: partitions, phases, lag where the
-transport knows it, outcomes, the catch-up progress of the event-store feed, and the last
-stall of the event loop (who blocked it, on which record, how long), the publishes each
+restored, caught up and live, the group is not rebalancing, it confirmed this worker's
+ownership within ``owner_lease_s`` and no agent has all its partitions here stalled (503
+otherwise, naming the partitions that are not live, ``not_live``, those whose ownership
+is not confirmed, ``unconfirmed``, with why, the agents stalled, ``stalled``, with why:
+:mod:`streamapp.engine.stalled`, and ``disk``: ``disk full under DATA_DIR``, when the
+stores' disk has no room left); ``/status`` is informational: partitions, phases,
+lag where the transport knows it (in records, ``lag``, and in seconds, ``lag_s``),
+outcomes, the catch-up progress of the event-store feed, and the last stall of the event
+loop (who blocked it, on which record, how long), the publishes each
 sink's broker did not confirm (``sinks``), the relays' held copies and lag (``relays``)
 and the retry chain's copies by ``x-retry-hop`` (``retry_hops``); an agent that holds
 streams (``Park(destination, hold="stream")``) has ``held_streams`` and ``held_events``,
@@ -17,12 +20,14 @@ worker unready.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 
 from ..agents.agent import Agent
 from ..engine.assignment import Assignment
 from ..failures.outcomes import parking
+from ..tables.layout import disk_full
 from .held import held_of_agent
 from .responses import json_response
 
@@ -34,9 +39,12 @@ def add_routes(
     history: Callable[[], dict[str, object]] | None,
     stall: Callable[[], dict[str, object] | None] = lambda: None,
     operations: Callable[[], dict[str, object]] = dict,
+    *,
+    data_dir: Path | None = None,
 ) -> None:
     """``operations``: the ``sinks``, ``relays`` and ``retry_hops`` sections of ``/status``
-    (:meth:`~streamapp.web.metrics.WorkerMetrics.operations`)."""
+    (:meth:`~streamapp.web.metrics.WorkerMetrics.operations`); ``data_dir``: where the
+    table stores are, whose disk ``/readyz`` checks (``disk``)."""
 
     async def healthz(request: web.Request) -> web.Response:
         return json_response({"status": "ok", "worker": worker_id})
@@ -45,12 +53,20 @@ def add_routes(
         not_live = assignment.not_live()
         unconfirmed = assignment.not_confirmed()
         rebalancing = assignment.rebalancing
+        stalled = assignment.stalled_agents()
+        disk = disk_full(data_dir) if data_dir is not None else None
         body = {
-            "ready": not rebalancing and not not_live and assignment.unconfirmed() is None,
+            "ready": not rebalancing
+            and not not_live
+            and assignment.unconfirmed() is None
+            and not stalled
+            and disk is None,
+            "disk": disk,
             "rebalancing": rebalancing,
             "partitions": len(assignment.tasks),
             "not_live": not_live,
             "unconfirmed": unconfirmed,
+            "stalled": stalled,
             "stuck_on": {
                 task.name: task.counts.stuck_on
                 for task in assignment.tasks.values()

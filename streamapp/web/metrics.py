@@ -307,8 +307,17 @@ class _AssignmentCollector(Collector):
             "Keys in a table partition (an estimate on RocksDB).",
             labels=["table", "partition"],
         )
+        seconds = GaugeMetricFamily(
+            "streamapp_lag_seconds",
+            "Age of the oldest event of a live partition an agent has not applied, from its "
+            "record timestamp (0 when caught up; docs/operations.md).",
+            labels=["agent", "partition"],
+        )
         held: dict[str, tuple[int, int]] = {}
         for (topic, partition), task in sorted(assignment.tasks.items()):
+            for agent, age in assignment.lag_seconds((topic, partition), task).items():
+                if agent:
+                    seconds.add_metric([agent, str(partition)], age)
             for agent, (streams, events) in held_counts(task.lanes).items():
                 s, e = held.get(agent, (0, 0))
                 held[agent] = (s + streams, e + events)
@@ -323,12 +332,14 @@ class _AssignmentCollector(Collector):
         yield phases
         stalled = GaugeMetricFamily(
             "streamapp_stalled_partitions",
-            "Live partitions with deliveries waiting that get none (RabbitMQ: the broker "
-            "gives the queue to another consumer).",
+            "Live partitions with events to apply that applied none for stall_after_s (a "
+            "Redeliver backoff excluded), or on RabbitMQ get none (the broker gives the "
+            "queue to another consumer).",
         )
         stalled.add_metric([], float(assignment.stalled_count()))
         yield stalled
         yield lag
+        yield seconds
         yield sizes
         yield from _held_gauges(held)
 

@@ -36,9 +36,11 @@ def make_app(
     metrics: WorkerMetrics | None = None,
     token: str | None = None,
     folds: StoreFolds | None = None,
+    data_dir: Path | None = None,
 ) -> web.Application:
     """The aiohttp application of one worker (``folds``: its app and event store, for
-    answers folded from the store)."""
+    answers folded from the store; ``data_dir``: where its table stores are, whose disk
+    ``/readyz`` checks)."""
     if metrics is None:
         metrics = WorkerMetrics()
     metrics.watch(assignment)
@@ -74,7 +76,9 @@ def make_app(
         stall = metrics.last_stall
         return None if stall is None else stall.as_status()
 
-    health.add_routes(app, assignment, worker_id, history, last_stall, metrics.operations)
+    health.add_routes(
+        app, assignment, worker_id, history, last_stall, metrics.operations, data_dir=data_dir
+    )
     app.router.add_get("/metrics", scrape)
     app.router.add_post("/verify/report", verify_report)
     app.router.add_get("/openapi.json", openapi_json)

@@ -1,6 +1,6 @@
 """``streamapp forward``'s /metrics and /status on real Kafka and a SQLite store: events
-published, lag behind the store head, the lock gauge of a holder and of a forwarder
-waiting, and consecutive failures while the broker is unreachable."""
+published, lag behind the store head (in events and in seconds), the lock gauge of a
+holder and of a forwarder waiting, and consecutive failures while the broker is unreachable."""
 
 from __future__ import annotations
 
@@ -94,6 +94,7 @@ async def test_published_total_and_lag_behind_the_head(
         assert body["checkpoint_position"] == 1501
         assert body["store_head"] == 1500
         assert body["consecutive_failures"] == 0
+        assert body["lag_s"] == 0
         await append_at_rate(url, 500, rate=1e9, chunk=500)
         started = time.monotonic()
         await until(web, lambda b: b["published"] == 2000 and b["lag"] == 0, 60, token)
@@ -101,6 +102,7 @@ async def test_published_total_and_lag_behind_the_head(
         got = await metrics(web, token)
         assert got["streamapp_forwarder_published_total"] == 2000
         assert got["streamapp_forwarder_lag_events"] == 0
+        assert got["streamapp_forwarder_lag_seconds"] == 0
         assert got["streamapp_forwarder_lock_held"] == 1
         assert got["streamapp_forwarder_checkpoint_position"] == 2001
         assert got["streamapp_forwarder_store_head"] == 2000
@@ -169,9 +171,12 @@ async def test_consecutive_failures_grow_while_the_broker_is_unreachable(
         assert fwd.proc.poll() is None
         assert later["published"] == 0
         assert later["lag"] == 50
+        assert first["lag_s"] > 0, first  # its first event waits, and waits longer
+        assert later["lag_s"] > first["lag_s"], (first, later)
         assert later["lock_held"] is True
         got = await metrics(web)
         assert got["streamapp_forwarder_consecutive_failures"] >= later["consecutive_failures"]
+        assert got["streamapp_forwarder_lag_seconds"] > later["lag_s"]
         print(f"{later['consecutive_failures']} failures in {took:.1f}s")
     finally:
         assert fwd.stop() == 0, fwd.log()[-3000:]

@@ -2,12 +2,20 @@
 (bit rot in data blocks, files cut to half, bytes flipped near their end), then started again. The
 damaged state is wiped and rebuilt, from its changelog (Kafka) or from the event store
 (embedded mode: no changelog); every key ends exact, nothing is parked, no read answers
-500 or a wrong value."""
+500 or a wrong value.
+
+A full disk under the data directory (a small tmpfs, filled mid-run, then before a start):
+``/readyz`` names it (``disk full under DATA_DIR``) while the worker stops and while the
+next one starts, closing the stores never blocks the event loop, and once there is room
+again every key comes back exact."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +32,7 @@ from tests.support.waits import finished, frozen, until
 from .harness import (
     StreamappProc,
     WorkerProc,
+    alive,
     append_to_store,
     assert_exact,
     create_topics,
@@ -350,3 +359,106 @@ async def test_a_damaged_store_that_no_source_can_rebuild_is_refused_and_kept(
     finally:
         await worker.stop()
     assert {p.name: p.stat().st_size for p in store.glob("*.sst")} == files  # kept as it was
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 40 MB tmpfs of its own (mounting one needs root: skipped without)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(disk)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Write a file on ``disk`` until no space is left; the file."""
+    fill = disk / "fill"
+    chunk = bytes(1 << 20)
+    with fill.open("wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(chunk)
+        except OSError:
+            pass
+    return fill
+
+
+async def _readyz(worker: WorkerProc) -> tuple[int, Any] | None:
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{worker.port}/readyz") as r,
+        ):
+            return r.status, await r.json()
+    except aiohttp.ClientError:  # not serving (yet, or any more)
+        return None
+
+
+async def test_a_full_disk_is_named_by_readyz_and_its_stores_close_off_the_loop(
+    kafka_bootstrap: str, tmp_path: Path, small_disk: Path
+) -> None:
+    ns = f"diskfull{uuid.uuid4().hex[:6]}-"
+    topic = f"{ns}orders"
+    create_topics(kafka_bootstrap, ns)
+    events, expected = order_events(n_orders=2_000, n_events=6_000, seed=5)
+    await produce(kafka_bootstrap, topic, events[:2_000])
+    data = small_disk / "data"
+    first = WorkerProc(kafka_bootstrap, ns, data, tmp_path / "first.log").start()
+    second: WorkerProc | None = None
+    full = f"disk full under {data}"
+    try:
+        await wait_ready(first)
+        await wait_caught_up(kafka_bootstrap, topic, topic, 90, [first])
+        fill = _fill(small_disk)
+        await produce(kafka_bootstrap, topic, events[2_000:4_000])
+        answers: list[tuple[int, Any]] = []
+
+        async def exited() -> bool:  # a store write failed: the partition stops the worker
+            answer = await _readyz(first)
+            if answer is not None:
+                answers.append(answer)
+            return not first.alive
+
+        await until(exited, what="the first worker stopped", progress=first.log_size)
+        named = [body for code, body in answers if code == 503 and full in (body["disk"] or "")]
+        assert named, answers[-3:]
+        log = first.log_text()
+        assert "the disk failed while writing a batch" in log
+        assert "stopping" in log
+        blocked = [
+            line for line in log.splitlines() if "event loop" in line and " in close" in line
+        ]
+        assert not blocked, blocked  # a store's close blocked the loop
+
+        second = WorkerProc(kafka_bootstrap, ns, data, tmp_path / "second.log").start()
+
+        async def named_at_start() -> Any:
+            alive([second])
+            answer = await _readyz(second)
+            if answer is None or answer[0] != 503 or full not in (answer[1]["disk"] or ""):
+                return None
+            return answer[1]
+
+        body = await until(
+            named_at_start, what="/readyz names the full disk", progress=second.log_size
+        )
+        assert body["ready"] is False, body
+        fill.unlink()
+        await wait_ready(second, 120)
+        await produce(kafka_bootstrap, topic, events[4_000:])
+        await wait_caught_up(kafka_bootstrap, topic, topic, 120, [second])
+        _no_failures(await _partitions(second))
+        assert_exact(await read_table([second], "order_status", list(expected)), expected)
+        assert await topic_size(kafka_bootstrap, f"{ns}orders.parked") == 0
+        code, ready = await _readyz(second) or (0, None)
+        assert code == 200, ready
+        assert ready["disk"] is None, ready
+    finally:
+        for worker in (first, second):
+            if worker is not None and worker.alive:
+                worker.stop()

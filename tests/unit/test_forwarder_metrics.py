@@ -16,6 +16,7 @@ def snap(**changes: object) -> ForwarderSnapshot:
         "lock_held": True,
         "published": 1200,
         "lag": 34,
+        "lag_s": 12.5,
         "rate": 250.5,
         "consecutive_failures": 2,
         "checkpoint_position": 1201,
@@ -31,6 +32,7 @@ def test_the_text_has_every_figure_labelled_by_forwarder() -> None:
         "# TYPE streamapp_forwarder_published_total counter",
         'streamapp_forwarder_published_total{forwarder="orders"} 1200.0',
         'streamapp_forwarder_lag_events{forwarder="orders"} 34.0',
+        'streamapp_forwarder_lag_seconds{forwarder="orders"} 12.5',
         'streamapp_forwarder_rate_events_per_second{forwarder="orders"} 250.5',
         'streamapp_forwarder_consecutive_failures{forwarder="orders"} 2.0',
         'streamapp_forwarder_lock_held{forwarder="orders"} 1.0',
@@ -41,10 +43,12 @@ def test_the_text_has_every_figure_labelled_by_forwarder() -> None:
 
 
 def test_unknown_figures_are_left_out_and_a_waiting_forwarder_shows_lock_0() -> None:
-    text = render(snap(lock_held=False, lag=None, checkpoint_position=None, store_head=None))
+    unknown = {"lag": None, "lag_s": None, "checkpoint_position": None, "store_head": None}
+    text = render(snap(lock_held=False, **unknown))
     lines = text.decode().splitlines()
     assert 'streamapp_forwarder_lock_held{forwarder="orders"} 0.0' in lines
     assert not any(line.startswith("streamapp_forwarder_lag_events{") for line in lines)
+    assert not any(line.startswith("streamapp_forwarder_lag_seconds{") for line in lines)
     assert not any(line.startswith("streamapp_forwarder_store_head{") for line in lines)
 
 

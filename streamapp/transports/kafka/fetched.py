@@ -31,7 +31,13 @@ class _DeliveryRecords(PartitionRecords):  # type: ignore[misc]
 
     def _consumer_record(self, tp: TopicPartition, record: Any) -> DeliveryRecord:
         return DeliveryRecord(
-            tp.topic, tp.partition, record.offset, record.key, record.value, tuple(record.headers)
+            tp.topic,
+            tp.partition,
+            record.offset,
+            record.key,
+            record.value,
+            tuple(record.headers),
+            record.timestamp,
         )
 
 
@@ -75,7 +81,8 @@ def as_deliveries(records: Sequence[Any]) -> Sequence[Delivery]:
     if records and type(records[0]) is DeliveryRecord:
         return records
     return [
-        DeliveryRecord(r.topic, r.partition, r.offset, r.key, r.value, r.headers) for r in records
+        DeliveryRecord(r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
+        for r in records
     ]
 
 

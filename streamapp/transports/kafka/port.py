@@ -133,11 +133,16 @@ class KafkaPartitionPort:
         return max(position, consumed)
 
     def end(self) -> int | None:
-        """The high watermark from the last fetch response (no request)."""
+        """The end a read-committed consumer can fetch up to, from the last fetch response
+        (no request): the last stable offset, else the high watermark. Records of a
+        transaction still open upstream are not there yet (no lag, no stall for them)."""
         try:
+            stable = self.consumer.last_stable_offset(self.tp)
             end = self.consumer.highwater(self.tp)
         except IllegalStateError:  # not assigned any more
             return None
+        if stable is not None and stable >= 0:
+            return int(stable) if end is None else min(int(stable), int(end))
         return None if end is None else int(end)
 
     def _quietly(self, call: object, *args: object) -> None:

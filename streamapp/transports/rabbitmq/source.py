@@ -102,7 +102,7 @@ class RabbitSource:
             on_fatal=self._fail,
         )
         self.stalls = StalledPartitions(lambda: self.ports)
-        self.assignment.stalled = self.stalls.stalled
+        self.assignment.stall_sources.append(self.stalls.stalled)
         self._connection: AbstractRobustConnection | None = None
         self._failed: asyncio.Future[None] | None = None
         self._stopping = False

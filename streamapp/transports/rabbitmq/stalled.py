@@ -8,7 +8,9 @@ partition is not called live: :class:`StalledPartitions` finds it (none in hand,
 heard for :data:`STALLED_AFTER_S`, and messages ready in the queue), ``/status`` names
 it ``stalled``
 and ``/metrics`` counts it (``streamapp_stalled_partitions``), the worker logs it once,
-and the port consumes anew (should its own registration be what stands).
+and the port consumes anew (should its own registration be what stands). One concept with
+the engine's stalled partitions (:mod:`streamapp.engine.stalled`, every transport): the
+assignment merges both.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...engine.stalled import Stalled
 from .connection import close_channel
 from .port import CLOSE_TIMEOUT_S, RabbitPartitionPort
 
@@ -45,6 +48,8 @@ class StalledPartitions:
         self._ports, self.after_s = ports, after_s
         self.since: dict[tuple[str, int], float] = {}
         """The stalled partitions, each with when (monotonic) it last heard a delivery."""
+        self._why: dict[tuple[str, int], str] = {}
+        """What each stalled partition was found doing (``/status``: ``stalled_doing``)."""
         self._asked: dict[tuple[str, int], float] = {}
         """When each quiet queue was last counted (at most once per ``after_s``)."""
         self._renewed: set[tuple[str, int]] = set()
@@ -53,10 +58,13 @@ class StalledPartitions:
         """A channel of its own for the passive declares (a 404 closes it)."""
         self._loop: asyncio.Task[None] | None = None
 
-    def stalled(self) -> dict[tuple[str, int], float]:
-        """Each stalled partition with the seconds it has been stalled."""
+    def stalled(self) -> dict[tuple[str, int], Stalled]:
+        """Each stalled partition with the seconds it has been stalled, and why."""
         now = time.monotonic()
-        return {key: now - since for key, since in self.since.items()}
+        return {
+            key: Stalled(now - since, self._why.get(key, "waiting for the broker"))
+            for key, since in self.since.items()
+        }
 
     def start(self) -> None:
         self._loop = asyncio.create_task(self._run(), name="stalled partitions")
@@ -106,6 +114,10 @@ class StalledPartitions:
                 continue
             if key not in self.since:
                 self.since[key] = now - idle
+                self._why[key] = (
+                    f"no delivery while queue {port.queue} has {ready} messages ready: the "
+                    "broker gives the queue to another consumer"
+                )
                 log.warning(
                     "%s: no delivery for %.1fs while queue %s has %d messages ready and %d "
                     "other consumer(s): the broker gives the queue to another consumer (a "
