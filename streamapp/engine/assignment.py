@@ -132,6 +132,22 @@ class Assignment:
         return sum(1 for k, t in self.tasks.items() if k in stalled and t.phase is Phase.LIVE)
 
 
+class LiveSource(Protocol):
+    """Feeds the app's agents: Kafka, RabbitMQ, or the event store alone."""
+
+    assignment: Assignment
+    """The partitions this worker owns now (views and status read it)."""
+
+    async def start(self) -> None:
+        """Connect, check that what the app needs exists, begin delivering."""
+
+    async def stop(self) -> None:
+        """Finish batches in hand, commit, close stores, disconnect."""
+
+    async def wait(self) -> None:
+        """Until the source ends; raises when it failed for good."""
+
+
 STALLED = "stalled"
 """What ``/status`` says of a live partition that has deliveries waiting and gets none
 (on RabbitMQ: the broker gives its queue to another consumer). Not a phase of the task."""

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import FencedError, StoreCorruptError
 from ..records import Delivery
@@ -39,10 +38,8 @@ from ..topics import TopicSpec
 from .attempts import Attempts
 from .lane import Lane
 from .phase import Phase
-from .replay import HistoryFeed, apply_part, history_at
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .replay import apply_part, history_at
+from .task_surface import HistoryFeed, TaskSurface
 
 log = logging.getLogger("streamapp.partition")
 
@@ -52,7 +49,7 @@ JOIN_POLL_S = 0.01
 """How often the handover looks for the partition idle between live batches."""
 
 
-def building_lanes(task: PartitionTask) -> list[Lane]:
+def building_lanes(task: TaskSurface) -> list[Lane]:
     """The lanes of ``task`` that catch up on their own: they need a replay (a history or
     the store as the only source, tables, a checkpoint not caught up) while another lane
     with tables already stands live (caught up, or with a live position). Without such a
@@ -74,7 +71,7 @@ def building_lanes(task: PartitionTask) -> list[Lane]:
 class LaneBuild:
     """The replay of a task's building lanes (a :class:`~.replay.Replayed` for the feed)."""
 
-    def __init__(self, task: PartitionTask, lanes: Sequence[Lane], history: HistoryFeed) -> None:
+    def __init__(self, task: TaskSurface, lanes: Sequence[Lane], history: HistoryFeed) -> None:
         self._task, self.lanes, self.history = task, list(lanes), history
         agents = ", ".join(lane.name for lane in lanes)
         self.name = f"{task.name} (building {agents})"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, FencedError, StoreCorruptError, StoreFormatError
 from .backoff import Pace
@@ -17,14 +16,12 @@ from .lane_build import LaneBuild, building_lanes
 from .phase import Phase
 from .provenance import check_state
 from .start_plan import LaneStart, place, plan_start
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .task_surface import TaskSurface
 
 log = logging.getLogger("streamapp.partition")
 
 
-async def suspend_partition(task: PartitionTask) -> bool:
+async def suspend_partition(task: TaskSurface) -> bool:
     """The group revokes the partition, and may hand it back in the same rebalance:
     finish the batch in hand (it commits) and keep stores and transaction open. False
     when the task cannot be kept (not live, or its batch did not finish): the caller
@@ -46,8 +43,8 @@ async def suspend_partition(task: PartitionTask) -> bool:
     return kept
 
 
-async def rejoin_partition(task: PartitionTask) -> None:
-    """The kept task's way back (see :meth:`PartitionTask.rejoin`)."""
+async def rejoin_partition(task: TaskSurface) -> None:
+    """The kept task's way back (see :meth:`TaskSurface.rejoin`)."""
     try:
         if task.transaction is not None:
             # Another worker may have held the partition between the revoke and now
@@ -80,7 +77,7 @@ async def rejoin_partition(task: PartitionTask) -> None:
     log.debug("live %s again at position %s (kept open)", task.name, task.next_position)
 
 
-async def open_partition(task: PartitionTask) -> None:
+async def open_partition(task: TaskSurface) -> None:
     """Open, restore, catch up and go live, retrying with back-off: a partition is
     never left paused without an owner task (a lock still held, a broker hiccup)."""
     pace = Pace(task.closing)
@@ -120,7 +117,7 @@ async def open_partition(task: PartitionTask) -> None:
             await pace.wait()
 
 
-def start_builds(task: PartitionTask, lanes: list[Lane]) -> None:
+def start_builds(task: TaskSurface, lanes: list[Lane]) -> None:
     """The lanes behind catch up on their own from now on (:mod:`~.build`)."""
     if not lanes or task.phase is not Phase.LIVE or task.history is None:
         return
@@ -129,7 +126,7 @@ def start_builds(task: PartitionTask, lanes: list[Lane]) -> None:
     build.start()
 
 
-async def go_live(task: PartitionTask) -> None:
+async def go_live(task: TaskSurface) -> None:
     """Start live delivery where the lanes' state stands (see
     :mod:`~streamapp.engine.start_plan`), then resume the partition."""
     if task.phase not in (Phase.RESTORING, Phase.CATCHING_UP):
@@ -159,7 +156,7 @@ async def go_live(task: PartitionTask) -> None:
     log.debug("live %s at position %d", task.name, start)
 
 
-async def lane_starts(task: PartitionTask, lanes: Sequence[Lane]) -> list[LaneStart]:
+async def lane_starts(task: TaskSurface, lanes: Sequence[Lane]) -> list[LaneStart]:
     """What each of ``lanes`` knows of its live position: its checkpoint, the replay's
     live start, or (lanes without tables) the group's committed position."""
     committed: Committed | None = None
@@ -190,7 +187,7 @@ async def lane_starts(task: PartitionTask, lanes: Sequence[Lane]) -> list[LaneSt
     return starts
 
 
-async def restore_tail(task: PartitionTask) -> None:
+async def restore_tail(task: TaskSurface) -> None:
     """Restore what the changelogs committed beyond the stores, and move live lanes to
     the positions that makes durable (see :func:`~streamapp.engine.recover.recover`)."""
     restored = await task.state.restore(counted=False)
@@ -204,7 +201,7 @@ async def restore_tail(task: PartitionTask) -> None:
     await take_durable_positions(task)
 
 
-async def take_durable_positions(task: PartitionTask) -> None:
+async def take_durable_positions(task: TaskSurface) -> None:
     """Move live lanes to the positions their restored checkpoints make durable."""
     if task.phase is not Phase.LIVE or task.next_position is None:
         return  # a replay reads the restored checkpoints' store positions

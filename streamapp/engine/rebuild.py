@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import FencedError, StoreCorruptError
 from .backoff import Pace
@@ -19,14 +19,12 @@ from .lane import Lane
 from .opening import take_durable_positions
 from .phase import Phase
 from .replay import history_at
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .task_surface import TaskSurface
 
 log = logging.getLogger("streamapp.partition")
 
 
-def store_damaged(task: PartitionTask, lane: Lane, damage: StoreCorruptError) -> None:
+def store_damaged(task: TaskSurface, lane: Lane, damage: StoreCorruptError) -> None:
     """``lane``'s store found itself corrupt (recorded by the task's state). A batch or
     an opening in progress sees the error and rebuilds; an idle live partition starts
     the rebuild now."""
@@ -37,7 +35,7 @@ def store_damaged(task: PartitionTask, lane: Lane, damage: StoreCorruptError) ->
         task.run_batch(_rebuild_idle(task, prior), f"rebuild {task.name}")
 
 
-async def _rebuild_idle(task: PartitionTask, prior: asyncio.Future[Any] | None) -> None:
+async def _rebuild_idle(task: TaskSurface, prior: asyncio.Future[Any] | None) -> None:
     """The rebuild of a partition found corrupt outside a batch; then live again."""
     if prior is not None and not prior.done():
         await asyncio.wait([prior])  # the event-store feed's chunk in hand drops out
@@ -49,7 +47,7 @@ async def _rebuild_idle(task: PartitionTask, prior: asyncio.Future[Any] | None) 
     task.port.resume()
 
 
-async def rebuild_damaged(task: PartitionTask) -> bool:
+async def rebuild_damaged(task: TaskSurface) -> bool:
     """While live: drop the batch in hand, wipe each store found corrupt and rebuild it
     in place (restore its changelog; or replay the event store), then take the positions
     that state makes durable. The source is not begun again: it rewinds to the next
@@ -84,7 +82,7 @@ async def rebuild_damaged(task: PartitionTask) -> bool:
     return True
 
 
-async def _refill(task: PartitionTask, rebuilt: list[Lane]) -> None:
+async def _refill(task: TaskSurface, rebuilt: list[Lane]) -> None:
     """Fill the rebuilt (empty) stores again, retrying what a broker or the event store
     fails with back-off; the phase is live again once done."""
     pace = Pace(task.closing)

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..failures.outcomes import Outcome
 from ..tables.checkpoint import Checkpoint
+from ..topics import TopicSpec
 from .hold import held_counts
 from .lane import Lane
 from .phase import Phase
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
 
 
 @dataclass(slots=True)
@@ -45,6 +43,35 @@ def outcomes_of(lanes: Sequence[Lane]) -> dict[Outcome, int]:
     return out
 
 
+class _Fed(Protocol):
+    @property
+    def follows_store(self) -> bool: ...
+
+
+class Observed(Protocol):
+    """What the status reads of a partition task (:class:`~streamapp.engine.task.PartitionTask`;
+    a protocol, as the task imports this module)."""
+
+    @property
+    def topic(self) -> TopicSpec: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def next_position(self) -> int | None: ...
+    @property
+    def lag(self) -> int | None: ...
+    @property
+    def counts(self) -> TaskCounts: ...
+    @property
+    def lanes(self) -> Sequence[Lane]: ...
+    @property
+    def replay(self) -> _Fed: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TaskStatus:
     """One task's status, as ``/status`` shows it (:meth:`as_dict`)."""
@@ -62,7 +89,7 @@ class TaskStatus:
     """The event store is the live source (STREAMAPP_BROKER=none)."""
 
     @classmethod
-    def of(cls, task: PartitionTask, start_position: int | None) -> TaskStatus:
+    def of(cls, task: Observed, start_position: int | None) -> TaskStatus:
         """``task``'s status now (``start_position``: where its live source began)."""
         return cls(
             task.topic.name,

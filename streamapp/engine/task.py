@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from ..agents.agent import Agent
 from ..errors import (
@@ -40,7 +40,6 @@ from .backoff import pause
 from .commit import Commit
 from .interfaces import PartitionPort, Transaction
 from .lane import SKIP, Lane, Run, run_lanes
-from .lane_build import LaneBuild
 from .opening import open_partition, rejoin_partition, suspend_partition
 from .phase import Phase, check_transition
 from .rebuild import rebuild_damaged, store_damaged
@@ -49,9 +48,7 @@ from .replay import Replay, store_position
 from .resume import resume_points
 from .state import PartitionState, StoreOpener
 from .status import TaskCounts, TaskStatus, outcomes_of
-
-if TYPE_CHECKING:
-    from .factory import TaskFactory
+from .task_surface import BuildSurface, TaskParts
 
 log = logging.getLogger("streamapp.partition")
 
@@ -66,7 +63,7 @@ class PartitionTask:
         port: PartitionPort,
         *,
         name: str,
-        factory: TaskFactory,
+        factory: TaskParts,
         open_store: StoreOpener | None = None,
         transaction: Transaction | None = None,
     ) -> None:
@@ -115,7 +112,7 @@ class PartitionTask:
         self.turn: Final = asyncio.Lock()
         """Held by a live batch, and by each part of a building lane's replay, so that
         the two take turns (each commits its own work, never the other's)."""
-        self.builds: list[LaneBuild] = []
+        self.builds: list[BuildSurface] = []
         """Lanes catching up on their own while the others are live (engine.build)."""
 
     # what observers read ---------------------------------------------------------------
