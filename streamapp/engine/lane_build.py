@@ -37,7 +37,7 @@ from ..records import Delivery
 from ..topics import TopicSpec
 from .attempts import Attempts
 from .lane import Lane
-from .phase import Phase
+from .phase import LiveState, Phase
 from .replay import apply_part, history_at
 from .task_surface import HistoryFeed, TaskSurface
 
@@ -222,7 +222,7 @@ class LaneBuild:
                     return
         finally:
             task.joining -= 1
-        task.busy = True  # the source feeds nothing meanwhile (it asks to reseek)
+        task.set_live_state(LiveState.JOINING, was=LiveState.IDLE)  # the source feeds nothing
         task.port.pause()
         try:
             if not task.port.absolute and not task.replay.follows_store:
@@ -238,7 +238,7 @@ class LaneBuild:
             if task.phase is Phase.LIVE:
                 if task.reseek and task.next_position is not None:
                     task.rewind(task.next_position)
-                task.busy = False
+                task.set_live_state(LiveState.IDLE, was=LiveState.JOINING)
                 task.port.resume()
 
     async def _join(self, joins_at: int | None) -> None:
@@ -262,7 +262,7 @@ class LaneBuild:
         )
         for lane in self.lanes:
             lane.next = lane.committed = at
-            task.transition_lane(lane, Phase.LIVE)
+            task.transition_if_open(Phase.LIVE, lane)  # closed while committing: stays
         log.info(
             "%s: caught up at store position %d, live at position %s",
             self.name,

@@ -13,7 +13,7 @@ from .backoff import Pace
 from .interfaces import Committed
 from .lane import Lane
 from .lane_build import LaneBuild, building_lanes
-from .phase import Phase
+from .phase import LiveState, Phase
 from .provenance import check_state
 from .start_plan import LaneStart, place, plan_start
 from .task_surface import TaskSurface
@@ -26,9 +26,8 @@ async def suspend_partition(task: TaskSurface) -> bool:
     finish the batch in hand (it commits) and keep stores and transaction open. False
     when the task cannot be kept (not live, or its batch did not finish): the caller
     closes it then. A kept task takes no deliveries until it rejoins."""
-    if task.phase is not Phase.LIVE or any(lane.building for lane in task.lanes):
+    if task.phase is not Phase.LIVE or task.lanes_building:
         return False  # a building lane resumes from its checkpoint when reopened
-    task.busy = True  # nothing is fed while suspended
     task.hold_ahead()  # the batch in hand ends after itself
     batch = task.batch
     if batch is not None and not batch.done():
@@ -37,8 +36,10 @@ async def suspend_partition(task: TaskSurface) -> bool:
         except Exception as exc:
             log.warning("%s: batch did not finish on revoke (%r): closed", task.name, exc)
             return False
-    kept = task.phase is Phase.LIVE  # not lost, failed or closed meanwhile
-    if kept:
+    # not lost, failed or closed meanwhile, and no other work began after the batch
+    kept = task.phase is Phase.LIVE and task.live_state is LiveState.IDLE
+    if kept:  # nothing is fed while suspended
+        task.set_live_state(LiveState.SUSPENDED, was=LiveState.IDLE)
         task.transition_to(Phase.SUSPENDED)
     return kept
 
@@ -65,14 +66,14 @@ async def rejoin_partition(task: TaskSurface) -> None:
     except Exception as exc:
         log.warning("%s: kept open, but cannot go on (%r): opened again", task.name, exc)
         await task.state.release()
-        task.transition_to(Phase.RESTORING)
-        await open_partition(task)
+        if task.transition_if_open(Phase.RESTORING):  # a close may have come meanwhile
+            await open_partition(task)
         return
     if task.closing.is_set() or task.phase is not Phase.LIVE:
         return
     if task.next_position is not None:
         task.rewind(task.next_position)
-    task.busy = False
+    task.set_live_state(LiveState.IDLE, was=LiveState.REJOINING)
     task.port.resume()
     log.debug("live %s again at position %s (kept open)", task.name, task.next_position)
 
@@ -87,8 +88,8 @@ async def open_partition(task: TaskSurface) -> None:
             await check_state(task)  # refuses state made from another source
             building = building_lanes(task)
             for lane in task.lanes:
-                if lane in building:
-                    task.transition_lane(lane, Phase.CATCHING_UP)
+                if lane in building:  # a close may have come while checking
+                    task.transition_if_open(Phase.CATCHING_UP, lane)
                 else:
                     lane.building = False
             await task.replay.catch_up()
@@ -146,12 +147,11 @@ async def go_live(task: TaskSurface) -> None:
         lane.next = lane.committed = None
     for lane, position in zip(live, placed.positions, strict=True):
         lane.next = lane.committed = position
-    task.place(start, start=True)
-    task.reseek = False
+    task.place(start, start=True)  # nothing dropped before it is owed a rewind
     task.replay.recheck()
     if plan.settle:  # the group may be behind the tables (a replay, an older streamapp)
         await task.port.settle(start, task.committer.ahead(start))
-    task.transition_to(Phase.LIVE)
+    task.transition_if_open(Phase.LIVE)  # a close may have come while settling
     task.port.resume()
     log.debug("live %s at position %d", task.name, start)
 

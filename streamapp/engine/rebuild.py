@@ -17,7 +17,7 @@ from ..errors import FencedError, StoreCorruptError
 from .backoff import Pace
 from .lane import Lane
 from .opening import take_durable_positions
-from .phase import Phase
+from .phase import LiveState, Phase
 from .replay import history_at
 from .task_surface import TaskSurface
 
@@ -29,7 +29,7 @@ def store_damaged(task: TaskSurface, lane: Lane, damage: StoreCorruptError) -> N
     an opening in progress sees the error and rebuilds; an idle live partition starts
     the rebuild now."""
     if task.phase is Phase.LIVE and not task.busy and not task.closing.is_set():
-        task.busy = True  # nothing is fed meanwhile
+        task.set_live_state(LiveState.REBUILDING, was=LiveState.IDLE)  # nothing fed meanwhile
         task.port.pause()
         prior = task.batch
         task.run_batch(_rebuild_idle(task, prior), f"rebuild {task.name}")
@@ -43,7 +43,7 @@ async def _rebuild_idle(task: TaskSurface, prior: asyncio.Future[Any] | None) ->
         rebuilt = await rebuild_damaged(task)
     if not rebuilt:
         return
-    task.busy = False
+    task.set_live_state(LiveState.IDLE, was=LiveState.REBUILDING)
     task.port.resume()
 
 
@@ -59,7 +59,7 @@ async def rebuild_damaged(task: TaskSurface) -> bool:
         damaged = state.take_damaged()
         for lane in task.lanes:
             lane.drop()
-        task.transition_to(Phase.RESTORING)
+        task.transition_if_open(Phase.RESTORING)  # closed meanwhile: wiped, then it stops
         try:
             for lane, damage in damaged.items():
                 await state.swap_store(lane, damage)
@@ -92,7 +92,7 @@ async def _refill(task: TaskSurface, rebuilt: list[Lane]) -> None:
             if task.transaction is not None:
                 await task.transaction.reset()  # aborts what the dropped batch began
                 await task.state.restore()
-                task.transition_to(Phase.LIVE)
+                task.transition_if_open(Phase.LIVE)  # closed meanwhile: stays closed
                 await take_durable_positions(task)
                 return
             replaying = [lane for lane in rebuilt if lane.replays]
@@ -104,11 +104,11 @@ async def _refill(task: TaskSurface, rebuilt: list[Lane]) -> None:
                 await task.commit(None, history_at(done, caught_up=True))
             live = [lane for lane in task.lanes if not lane.building]
             replay.lanes = live if replay.follows_store else []
-            task.transition_to(Phase.LIVE)
+            task.transition_if_open(Phase.LIVE)  # closed meanwhile: stays closed
             return
         except (StoreCorruptError, FencedError):
             raise
         except Exception as exc:
             log.error("%s: rebuild failed (%r); retrying in %.1fs", task.name, exc, pace.delay)
-            task.transition_to(Phase.RESTORING)
+            task.transition_if_open(Phase.RESTORING)  # the loop ends once closed
             await pace.wait()

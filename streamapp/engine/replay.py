@@ -182,7 +182,7 @@ class Replay:
                 "event store feed for it (setting event_store)"
             )
         self.lanes = lanes
-        task.transition_to(Phase.CATCHING_UP)
+        task.transition_if_open(Phase.CATCHING_UP)  # closed while opening: run() ends at once
         await self.run()
         if task.phase is not Phase.CATCHING_UP:
             return
@@ -218,14 +218,14 @@ class Replay:
         before = outcomes_of(task.lanes).get(Outcome.DELIVERED, 0)
         self.lanes = lanes
         async with task.turn:  # a building lane's part in hand commits first
-            task.transition_to(Phase.CATCHING_UP)
+            task.transition_if_open(Phase.CATCHING_UP)  # closed meanwhile: run() ends at once
         await self.run()  # a close ends the wait (the feed drops it)
         if task.phase is not Phase.CATCHING_UP or task.closing.is_set():
             return
         done = {lane: lane.history_position() for lane in lanes}
         await task.commit(None, history_at(done))
         self.lanes = []
-        task.transition_to(Phase.LIVE)
+        task.transition_if_open(Phase.LIVE)  # closed while committing: stays closed
         applied = outcomes_of(task.lanes).get(Outcome.DELIVERED, 0) - before
         if applied:
             log.info(

@@ -15,7 +15,7 @@ from ..tables.checkpoint import Checkpoint
 from ..topics import TopicSpec
 from .hold import held_counts
 from .lane import Lane
-from .phase import Phase
+from .phase import LiveState, Phase
 
 
 @dataclass(slots=True)
@@ -61,6 +61,8 @@ class Observed(Protocol):
     @property
     def busy(self) -> bool: ...
     @property
+    def live_state(self) -> LiveState: ...
+    @property
     def next_position(self) -> int | None: ...
     @property
     def lag(self) -> int | None: ...
@@ -87,6 +89,8 @@ class TaskStatus:
     lanes: Sequence[Lane]
     store_fed: bool = False
     """The event store is the live source (STREAMAPP_BROKER=none)."""
+    live_state: LiveState | None = None
+    """What it is doing while live or suspended (None in other phases)."""
 
     @classmethod
     def of(cls, task: Observed, start_position: int | None) -> TaskStatus:
@@ -102,6 +106,7 @@ class TaskStatus:
             task.counts,
             task.lanes,
             task.replay.follows_store,
+            task.live_state if task.phase in (Phase.LIVE, Phase.SUSPENDED) else None,
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -114,6 +119,7 @@ class TaskStatus:
             "partition": self.partition,
             "phase": self.phase.value,
             "busy": self.busy,
+            "live_state": None if self.live_state is None else self.live_state.value,
             "start_position": self.start_position,
             "next_position": self.next_position,
             "lag": self.lag,
