@@ -34,7 +34,8 @@ from aiohttp import web
 
 from .app import App
 from .catchup.feed import StoreFeed
-from .engine.interfaces import LiveSource, Sink
+from .engine.assignment import LiveSource
+from .engine.interfaces import Sink
 from .engine.served import LATCH_FILE, DurableLatch
 from .engine.stall import watch_loop
 from .engine.stalled import PartitionStalls

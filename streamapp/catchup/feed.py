@@ -39,8 +39,8 @@ from collections.abc import Callable
 
 from ..engine.backoff import Pace
 from ..engine.provenance import StoreIdentity
-from ..engine.replay import Replayed
 from ..engine.stored import Share
+from ..engine.task_surface import Replayed
 from ..eventstore.base import EventStoreBackend, StoredRow, display_url
 from ..topics import Partitioner, partition_for
 from . import progress as catchup_progress

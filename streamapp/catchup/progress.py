@@ -25,7 +25,7 @@ from ..codecs.structured import from_stored
 from ..eventstore.base import StoredRow
 
 if TYPE_CHECKING:
-    from ..engine.replay import Replayed
+    from ..engine.task_surface import Replayed
 
 log = logging.getLogger("streamapp.catchup")
 

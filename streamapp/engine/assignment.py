@@ -198,6 +198,22 @@ def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 3)
 
 
+class LiveSource(Protocol):
+    """Feeds the app's agents: Kafka, RabbitMQ, or the event store alone."""
+
+    assignment: Assignment
+    """The partitions this worker owns now (views and status read it)."""
+
+    async def start(self) -> None:
+        """Connect, check that what the app needs exists, begin delivering."""
+
+    async def stop(self) -> None:
+        """Finish batches in hand, commit, close stores, disconnect."""
+
+    async def wait(self) -> None:
+        """Until the source ends; raises when it failed for good."""
+
+
 STALLED = "stalled"
 """What ``/status`` says of a live partition that is stalled (:mod:`.stalled`: it has
 events to apply and applied none for ``stall_after_s``; on RabbitMQ also: the broker gives

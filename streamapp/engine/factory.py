@@ -27,10 +27,10 @@ from .delivery import Decoder, Parker
 from .interfaces import PartitionPort, Publish, TaskMetrics, Transaction
 from .lane import Lane
 from .metrics import NO_METRICS
-from .replay import HistoryFeed
 from .state import StoreOpener
 from .task import PartitionTask
 from .task_config import TaskConfig, check_agents
+from .task_surface import HistoryFeed
 
 ParkerFor = Callable[[Agent, str], Parker]
 """The Parker of an agent in the partition of this name."""

@@ -53,7 +53,6 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import orjson
 
@@ -68,9 +67,7 @@ from ..tables.held import HeldStream
 from ..tables.partition import PartitionTables
 from .delivery import Decoder, decode_delivery
 from .interfaces import TaskMetrics
-
-if TYPE_CHECKING:
-    from .lane import Lane
+from .lane_surface import LaneSurface
 
 log = logging.getLogger("streamapp.agent")
 
@@ -79,14 +76,14 @@ RELEASE = "release"
 it through the handler, then :func:`released` moves the hold on."""
 
 
-def holds_streams(lane: Lane) -> PartitionTables | None:
+def holds_streams(lane: LaneSurface) -> PartitionTables | None:
     """The lane's tables when its policy holds streams (None: it does not)."""
     policy = parking(lane.agent.on_failure)
     return lane.tables if policy is not None and policy.holds else None
 
 
 async def behind(
-    lane: Lane,
+    lane: LaneSurface,
     tables: PartitionTables,
     record: Delivery,
     item: Event | DecodeError,
@@ -139,7 +136,9 @@ async def behind(
     return True
 
 
-def _skip(lane: Lane, tables: PartitionTables, record: Delivery, item: Event, why: str) -> None:
+def _skip(
+    lane: LaneSurface, tables: PartitionTables, record: Delivery, item: Event, why: str
+) -> None:
     """Skip the head of a held stream for good, on purpose (``streamapp parked skip``):
     recorded in the lane's state with the batch, its stream version counted as applied,
     logged; the hold moves on to the next event."""
@@ -169,7 +168,7 @@ def _skip(lane: Lane, tables: PartitionTables, record: Delivery, item: Event, wh
     released(lane, tables, item)
 
 
-def released(lane: Lane, tables: PartitionTables, item: Event | DecodeError) -> None:
+def released(lane: LaneSurface, tables: PartitionTables, item: Event | DecodeError) -> None:
     """The head of a held stream, sent back, was applied (or filtered): the hold moves to
     the next event, or the stream is released when it was the last one held."""
     if isinstance(item, DecodeError) or item.stream_id is None:
@@ -192,7 +191,7 @@ def released(lane: Lane, tables: PartitionTables, item: Event | DecodeError) -> 
 
 
 async def release_next(
-    lane: Lane,
+    lane: LaneSurface,
     tables: PartitionTables,
     item: Event | DecodeError,
     decode: Decoder,
@@ -206,7 +205,7 @@ async def release_next(
 
 
 async def follow(
-    lane: Lane,
+    lane: LaneSurface,
     tables: PartitionTables,
     item: Event | DecodeError,
     decode: Decoder,
@@ -258,7 +257,7 @@ async def follow(
         released(lane, tables, event)
 
 
-async def hold_failed(lane: Lane, record: Delivery, item: Event, reason: str) -> bool:
+async def hold_failed(lane: LaneSurface, record: Delivery, item: Event, reason: str) -> bool:
     """Park ``record``, which failed for good, as the first event of its stream's hold,
     and hold the stream; True once the park is confirmed."""
     tables = lane.tables
@@ -342,7 +341,7 @@ def _delivery(raw: bytes) -> DeliveryRecord:
     )
 
 
-def held_counts(lanes: Iterable[Lane]) -> dict[str, tuple[int, int]]:
+def held_counts(lanes: Iterable[LaneSurface]) -> dict[str, tuple[int, int]]:
     """Per agent of ``lanes`` that holds streams: its held streams and the events they
     hold (committed state; agents that hold none are there with zeros)."""
     out: dict[str, tuple[int, int]] = {}

@@ -8,8 +8,9 @@ task (:mod:`streamapp.engine.task`) these, and the task holds everything else:
 - :class:`Transaction`: batches made durable atomically, where the broker has them;
 - :class:`Sink`: a confirmed publisher, the one way out (derived events, parked and
   retried copies, forwarded events); :data:`Publish` is its ``publish_many``;
-- :class:`LiveSource`: what the worker starts, waits on and stops, with the
-  :class:`~streamapp.engine.assignment.Assignment` of partitions it owns;
+- :class:`~streamapp.engine.assignment.LiveSource` (beside the
+  :class:`~streamapp.engine.assignment.Assignment` it fills, which holds the tasks):
+  what the worker starts, waits on and stops;
 - :class:`Directory`: where another worker's views answer;
 - :class:`TaskMetrics`, :class:`SinkMetrics`, :class:`RelayGauges`: what they report.
 
@@ -22,15 +23,12 @@ only once the broker confirmed it, else raises :class:`streamapp.errors.PublishE
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from ..agents.agent import Agent
 from ..failures.outcomes import Outcome
 from ..records import Message, Receipt
 from ..tables.partition import BatchChanges, PartitionTables
-
-if TYPE_CHECKING:
-    from .assignment import Assignment  # it holds the tasks, which use these
 
 NO_LANES: Mapping[str, int] = {}
 
@@ -148,22 +146,6 @@ class Sink(Protocol):
 Publish = Callable[[Sequence[Message]], Awaitable[Sequence[Receipt]]]
 """A :class:`Sink`'s ``publish_many``: how a commit without a transaction sends its
 derived events (returns once the broker confirmed every one)."""
-
-
-class LiveSource(Protocol):
-    """Feeds the app's agents: Kafka, RabbitMQ, or the event store alone."""
-
-    assignment: Assignment
-    """The partitions this worker owns now (views and status read it)."""
-
-    async def start(self) -> None:
-        """Connect, check that what the app needs exists, begin delivering."""
-
-    async def stop(self) -> None:
-        """Finish batches in hand, commit, close stores, disconnect."""
-
-    async def wait(self) -> None:
-        """Until the source ends; raises when it failed for good."""
 
 
 class Directory(Protocol):

@@ -57,7 +57,7 @@ from .delivery import Decoder, Parker, decode_delivery
 from .hold import RELEASE, behind, holds_streams, release_next
 from .interfaces import TaskMetrics
 from .metrics import NO_METRICS
-from .phase import Phase
+from .phase import Phase, check_transition
 from .settle import settle_failed
 from .stall import DOING
 
@@ -131,12 +131,13 @@ class Lane:
     @property
     def phase(self) -> Phase:
         """The lane's own phase: its task's, but ``catching_up`` while it builds beside
-        live lanes. Changed by the task alone (``transition_to``, ``transition_lane``)."""
+        live lanes. Changed by the task alone (its :class:`~.phase.PhaseMachine`)."""
         return self._phase
 
-    def move_to(self, phase: Phase) -> None:
-        """Set the lane's phase; the task checks the move first (``transition_to``,
-        ``transition_lane``: the only callers)."""
+    def move_to(self, phase: Phase, *, of: str) -> None:
+        """Move the lane to ``phase`` as :data:`~.phase.TRANSITIONS` allows (else
+        PhaseTransitionError naming task ``of``); its task's phase machine alone calls it."""
+        check_transition(f"{of} of agent {self.name}", self._phase, phase)
         self._phase = phase
 
     def configure(

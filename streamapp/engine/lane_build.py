@@ -31,18 +31,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import FencedError, StoreCorruptError
 from ..records import Delivery
 from ..topics import TopicSpec
 from .attempts import Attempts
 from .lane import Lane
-from .phase import Phase
-from .replay import HistoryFeed, apply_part, history_at
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .phase import LiveState, Phase
+from .replay import apply_part, history_at
+from .task_surface import HistoryFeed, TaskSurface
 
 log = logging.getLogger("streamapp.partition")
 
@@ -52,7 +49,7 @@ JOIN_POLL_S = 0.01
 """How often the handover looks for the partition idle between live batches."""
 
 
-def building_lanes(task: PartitionTask) -> list[Lane]:
+def building_lanes(task: TaskSurface) -> list[Lane]:
     """The lanes of ``task`` that catch up on their own: they need a replay (a history or
     the store as the only source, tables, a checkpoint not caught up) while another lane
     with tables already stands live (caught up, or with a live position). Without such a
@@ -74,7 +71,7 @@ def building_lanes(task: PartitionTask) -> list[Lane]:
 class LaneBuild:
     """The replay of a task's building lanes (a :class:`~.replay.Replayed` for the feed)."""
 
-    def __init__(self, task: PartitionTask, lanes: Sequence[Lane], history: HistoryFeed) -> None:
+    def __init__(self, task: TaskSurface, lanes: Sequence[Lane], history: HistoryFeed) -> None:
         self._task, self.lanes, self.history = task, list(lanes), history
         agents = ", ".join(lane.name for lane in lanes)
         self.name = f"{task.name} (building {agents})"
@@ -225,7 +222,7 @@ class LaneBuild:
                     return
         finally:
             task.joining -= 1
-        task.busy = True  # the source feeds nothing meanwhile (it asks to reseek)
+        task.set_live_state(LiveState.JOINING, was=LiveState.IDLE)  # the source feeds nothing
         task.port.pause()
         try:
             if not task.port.absolute and not task.replay.follows_store:
@@ -241,7 +238,7 @@ class LaneBuild:
             if task.phase is Phase.LIVE:
                 if task.reseek and task.next_position is not None:
                     task.rewind(task.next_position)
-                task.busy = False
+                task.set_live_state(LiveState.IDLE, was=LiveState.JOINING)
                 task.port.resume()
 
     async def _join(self, joins_at: int | None) -> None:
@@ -265,7 +262,7 @@ class LaneBuild:
         )
         for lane in self.lanes:
             lane.next = lane.committed = at
-            task.transition_lane(lane, Phase.LIVE)
+            task.transition_if_open(Phase.LIVE, lane)  # closed while committing: stays
         log.info(
             "%s: caught up at store position %d, live at position %s",
             self.name,

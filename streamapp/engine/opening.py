@@ -7,31 +7,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, FencedError, StoreCorruptError, StoreFormatError
 from .backoff import Pace
 from .interfaces import Committed
 from .lane import Lane
 from .lane_build import LaneBuild, building_lanes
-from .phase import Phase
+from .phase import LiveState, Phase
 from .provenance import check_state
 from .start_plan import LaneStart, place, plan_start
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .task_surface import TaskSurface
 
 log = logging.getLogger("streamapp.partition")
 
 
-async def suspend_partition(task: PartitionTask) -> bool:
+async def suspend_partition(task: TaskSurface) -> bool:
     """The group revokes the partition, and may hand it back in the same rebalance:
     finish the batch in hand (it commits) and keep stores and transaction open. False
     when the task cannot be kept (not live, or its batch did not finish): the caller
     closes it then. A kept task takes no deliveries until it rejoins."""
-    if task.phase is not Phase.LIVE or any(lane.building for lane in task.lanes):
+    if task.phase is not Phase.LIVE or task.lanes_building:
         return False  # a building lane resumes from its checkpoint when reopened
-    task.busy = True  # nothing is fed while suspended
     task.hold_ahead()  # the batch in hand ends after itself
     batch = task.batch
     if batch is not None and not batch.done():
@@ -40,14 +36,16 @@ async def suspend_partition(task: PartitionTask) -> bool:
         except Exception as exc:
             log.warning("%s: batch did not finish on revoke (%r): closed", task.name, exc)
             return False
-    kept = task.phase is Phase.LIVE  # not lost, failed or closed meanwhile
-    if kept:
+    # not lost, failed or closed meanwhile, and no other work began after the batch
+    kept = task.phase is Phase.LIVE and task.live_state is LiveState.IDLE
+    if kept:  # nothing is fed while suspended
+        task.set_live_state(LiveState.SUSPENDED, was=LiveState.IDLE)
         task.transition_to(Phase.SUSPENDED)
     return kept
 
 
-async def rejoin_partition(task: PartitionTask) -> None:
-    """The kept task's way back (see :meth:`PartitionTask.rejoin`)."""
+async def rejoin_partition(task: TaskSurface) -> None:
+    """The kept task's way back (see :meth:`TaskSurface.rejoin`)."""
     try:
         if task.transaction is not None:
             # Another worker may have held the partition between the revoke and now
@@ -68,19 +66,19 @@ async def rejoin_partition(task: PartitionTask) -> None:
     except Exception as exc:
         log.warning("%s: kept open, but cannot go on (%r): opened again", task.name, exc)
         await task.state.release()
-        task.transition_to(Phase.RESTORING)
-        await open_partition(task)
+        if task.transition_if_open(Phase.RESTORING):  # a close may have come meanwhile
+            await open_partition(task)
         return
     if task.closing.is_set() or task.phase is not Phase.LIVE:
         return
     if task.next_position is not None:
         task.rewind(task.next_position)
-    task.busy = False
+    task.set_live_state(LiveState.IDLE, was=LiveState.REJOINING)
     task.port.resume()
     log.debug("live %s again at position %s (kept open)", task.name, task.next_position)
 
 
-async def open_partition(task: PartitionTask) -> None:
+async def open_partition(task: TaskSurface) -> None:
     """Open, restore, catch up and go live, retrying with back-off: a partition is
     never left paused without an owner task (a lock still held, a broker hiccup)."""
     pace = Pace(task.closing)
@@ -90,8 +88,8 @@ async def open_partition(task: PartitionTask) -> None:
             await check_state(task)  # refuses state made from another source
             building = building_lanes(task)
             for lane in task.lanes:
-                if lane in building:
-                    task.transition_lane(lane, Phase.CATCHING_UP)
+                if lane in building:  # a close may have come while checking
+                    task.transition_if_open(Phase.CATCHING_UP, lane)
                 else:
                     lane.building = False
             await task.replay.catch_up()
@@ -120,7 +118,7 @@ async def open_partition(task: PartitionTask) -> None:
             await pace.wait()
 
 
-def start_builds(task: PartitionTask, lanes: list[Lane]) -> None:
+def start_builds(task: TaskSurface, lanes: list[Lane]) -> None:
     """The lanes behind catch up on their own from now on (:mod:`~.build`)."""
     if not lanes or task.phase is not Phase.LIVE or task.history is None:
         return
@@ -129,7 +127,7 @@ def start_builds(task: PartitionTask, lanes: list[Lane]) -> None:
     build.start()
 
 
-async def go_live(task: PartitionTask) -> None:
+async def go_live(task: TaskSurface) -> None:
     """Start live delivery where the lanes' state stands (see
     :mod:`~streamapp.engine.start_plan`), then resume the partition."""
     if task.phase not in (Phase.RESTORING, Phase.CATCHING_UP):
@@ -149,17 +147,16 @@ async def go_live(task: PartitionTask) -> None:
         lane.next = lane.committed = None
     for lane, position in zip(live, placed.positions, strict=True):
         lane.next = lane.committed = position
-    task.place(start, start=True)
-    task.reseek = False
+    task.place(start, start=True)  # nothing dropped before it is owed a rewind
     task.replay.recheck()
     if plan.settle:  # the group may be behind the tables (a replay, an older streamapp)
         await task.port.settle(start, task.committer.ahead(start))
-    task.transition_to(Phase.LIVE)
+    task.transition_if_open(Phase.LIVE)  # a close may have come while settling
     task.port.resume()
     log.debug("live %s at position %d", task.name, start)
 
 
-async def lane_starts(task: PartitionTask, lanes: Sequence[Lane]) -> list[LaneStart]:
+async def lane_starts(task: TaskSurface, lanes: Sequence[Lane]) -> list[LaneStart]:
     """What each of ``lanes`` knows of its live position: its checkpoint, the replay's
     live start, or (lanes without tables) the group's committed position."""
     committed: Committed | None = None
@@ -190,7 +187,7 @@ async def lane_starts(task: PartitionTask, lanes: Sequence[Lane]) -> list[LaneSt
     return starts
 
 
-async def restore_tail(task: PartitionTask) -> None:
+async def restore_tail(task: TaskSurface) -> None:
     """Restore what the changelogs committed beyond the stores, and move live lanes to
     the positions that makes durable (see :func:`~streamapp.engine.recover.recover`)."""
     restored = await task.state.restore(counted=False)
@@ -204,7 +201,7 @@ async def restore_tail(task: PartitionTask) -> None:
     await take_durable_positions(task)
 
 
-async def take_durable_positions(task: PartitionTask) -> None:
+async def take_durable_positions(task: TaskSurface) -> None:
     """Move live lanes to the positions their restored checkpoints make durable."""
     if task.phase is not Phase.LIVE or task.next_position is None:
         return  # a replay reads the restored checkpoints' store positions

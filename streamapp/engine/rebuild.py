@@ -11,33 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import FencedError, StoreCorruptError
 from .backoff import Pace
 from .lane import Lane
 from .opening import take_durable_positions
-from .phase import Phase
+from .phase import LiveState, Phase
 from .replay import history_at
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .task_surface import TaskSurface
 
 log = logging.getLogger("streamapp.partition")
 
 
-def store_damaged(task: PartitionTask, lane: Lane, damage: StoreCorruptError) -> None:
+def store_damaged(task: TaskSurface, lane: Lane, damage: StoreCorruptError) -> None:
     """``lane``'s store found itself corrupt (recorded by the task's state). A batch or
     an opening in progress sees the error and rebuilds; an idle live partition starts
     the rebuild now."""
     if task.phase is Phase.LIVE and not task.busy and not task.closing.is_set():
-        task.busy = True  # nothing is fed meanwhile
+        task.set_live_state(LiveState.REBUILDING, was=LiveState.IDLE)  # nothing fed meanwhile
         task.port.pause()
         prior = task.batch
         task.run_batch(_rebuild_idle(task, prior), f"rebuild {task.name}")
 
 
-async def _rebuild_idle(task: PartitionTask, prior: asyncio.Future[Any] | None) -> None:
+async def _rebuild_idle(task: TaskSurface, prior: asyncio.Future[Any] | None) -> None:
     """The rebuild of a partition found corrupt outside a batch; then live again."""
     if prior is not None and not prior.done():
         await asyncio.wait([prior])  # the event-store feed's chunk in hand drops out
@@ -45,11 +43,11 @@ async def _rebuild_idle(task: PartitionTask, prior: asyncio.Future[Any] | None) 
         rebuilt = await rebuild_damaged(task)
     if not rebuilt:
         return
-    task.busy = False
+    task.set_live_state(LiveState.IDLE, was=LiveState.REBUILDING)
     task.port.resume()
 
 
-async def rebuild_damaged(task: PartitionTask) -> bool:
+async def rebuild_damaged(task: TaskSurface) -> bool:
     """While live: drop the batch in hand, wipe each store found corrupt and rebuild it
     in place (restore its changelog; or replay the event store), then take the positions
     that state makes durable. The source is not begun again: it rewinds to the next
@@ -61,7 +59,7 @@ async def rebuild_damaged(task: PartitionTask) -> bool:
         damaged = state.take_damaged()
         for lane in task.lanes:
             lane.drop()
-        task.transition_to(Phase.RESTORING)
+        task.transition_if_open(Phase.RESTORING)  # closed meanwhile: wiped, then it stops
         try:
             for lane, damage in damaged.items():
                 await state.swap_store(lane, damage)
@@ -84,7 +82,7 @@ async def rebuild_damaged(task: PartitionTask) -> bool:
     return True
 
 
-async def _refill(task: PartitionTask, rebuilt: list[Lane]) -> None:
+async def _refill(task: TaskSurface, rebuilt: list[Lane]) -> None:
     """Fill the rebuilt (empty) stores again, retrying what a broker or the event store
     fails with back-off; the phase is live again once done."""
     pace = Pace(task.closing)
@@ -94,7 +92,7 @@ async def _refill(task: PartitionTask, rebuilt: list[Lane]) -> None:
             if task.transaction is not None:
                 await task.transaction.reset()  # aborts what the dropped batch began
                 await task.state.restore()
-                task.transition_to(Phase.LIVE)
+                task.transition_if_open(Phase.LIVE)  # closed meanwhile: stays closed
                 await take_durable_positions(task)
                 return
             replaying = [lane for lane in rebuilt if lane.replays]
@@ -106,11 +104,11 @@ async def _refill(task: PartitionTask, rebuilt: list[Lane]) -> None:
                 await task.commit(None, history_at(done, caught_up=True))
             live = [lane for lane in task.lanes if not lane.building]
             replay.lanes = live if replay.follows_store else []
-            task.transition_to(Phase.LIVE)
+            task.transition_if_open(Phase.LIVE)  # closed meanwhile: stays closed
             return
         except (StoreCorruptError, FencedError):
             raise
         except Exception as exc:
             log.error("%s: rebuild failed (%r); retrying in %.1fs", task.name, exc, pace.delay)
-            task.transition_to(Phase.RESTORING)
+            task.transition_if_open(Phase.RESTORING)  # the loop ends once closed
             await pace.wait()

@@ -8,21 +8,18 @@ the checkpoints in its stores, which the changelogs' committed tail may be ahead
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ..errors import FencedError
 from .backoff import Pace
 from .opening import restore_tail
 from .phase import Phase
 from .rebuild import rebuild_damaged
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .task_surface import TaskSurface
 
 log = logging.getLogger("streamapp.partition")
 
 
-async def recover(task: PartitionTask) -> bool:
+async def recover(task: TaskSurface) -> bool:
     """After a failed commit: drop the batch, reset the transaction, rewind to the
     checkpoint. Retries with back-off while the partition is ours; False when it is not
     (closed, lost) and the task stops taking deliveries.

@@ -2,9 +2,9 @@
 the store (Kafka Streams' ``StoreChangelogReader``, for the event store).
 
 The worker's one event-store reader (:class:`~streamapp.catchup.StoreFeed`, a
-:class:`HistoryFeed`) sees a partition only through :class:`Replayed`: where it stands
-in the store, whether it wants events now, and the one call that applies a share of a
-stored chunk. The task owns its :class:`Replay` and says when it replays.
+:class:`~.task_surface.HistoryFeed`) sees a partition only through
+:class:`~.task_surface.Replayed` (both importable from here too). The task owns its
+:class:`Replay` and says when it replays.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import logging
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
 
 from ..codecs import structured
 from ..errors import ConfigError, FencedError, StoreCorruptError
@@ -21,104 +20,21 @@ from ..events import Event
 from ..failures.outcomes import Outcome
 from ..records import Delivery
 from ..tables.checkpoint import Checkpoint
-from ..topics import TopicSpec
 from .attempts import Attempts
 from .delivery import STORE_POSITION_HEADER
 from .lane import SKIP, Lane, run_lanes
 from .phase import Phase
-from .provenance import StoreIdentity
 from .status import outcomes_of
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .task_surface import HistoryFeed, TaskSurface
+from .task_surface import Replayed as Replayed  # importable from here, as before
 
 log = logging.getLogger("streamapp.partition")
-
-
-class Replayed(Protocol):
-    """A partition as the event-store feed sees it."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def topic(self) -> TopicSpec: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def replayed(self) -> int:
-        """Stored events it settled so far."""
-        ...
-
-    @property
-    def catching_up(self) -> bool:
-        """True while it waits for the store's head (live deliveries wait)."""
-        ...
-
-    @property
-    def live(self) -> bool:
-        """True while it is live (the feed follows it when the store is its source)."""
-        ...
-
-    @property
-    def building(self) -> bool:
-        """True for lanes that build beside live ones (:mod:`~streamapp.engine.lane_build`):
-        the feed serves whole partitions first."""
-        ...
-
-    @property
-    def stopped(self) -> bool:
-        """True once it takes no more events here (closed, fenced, failed)."""
-        ...
-
-    def history_position(self) -> int:
-        """The next event-store position it needs (1: nothing replayed)."""
-        ...
-
-    async def apply_history(
-        self, deliveries: Sequence[Delivery], next_position: int, start: int
-    ) -> bool:
-        """Apply its share of a chunk read from ``start`` (its position when the share
-        was cut) up to ``next_position`` (see :class:`Replay`)."""
-        ...
-
-    def retry_pause_s(self) -> float:
-        """The pause before the feed gives it a failed event again."""
-        ...
-
-    def failing(self) -> list[Attempts]:
-        """The failed attempts of its lanes at or after its store position."""
-        ...
-
-    def stuck(self, on: dict[str, object] | None) -> None:
-        """The stored event it is stuck on (shown by status), or None once past it."""
-        ...
-
-    def follow(self, on: bool) -> None:
-        """The store is (True) or is no longer (False) its live source."""
-        ...
-
-
-class HistoryFeed(Protocol):
-    """Replays the event store into partitions that catch up (one reader per worker)."""
-
-    async def catch_up(self, partition: Replayed, *, fresh: bool = False) -> None:
-        """Return once ``partition``'s tables hold every stored event of it up to the
-        store's head (the feed calls :meth:`Replayed.apply_history`); ``fresh``: up to
-        the head of a read issued after this call (what was stored before it is in)."""
-
-    async def live_start(self, partition: Replayed) -> int | None:
-        """Where the live source should start after the handover (None: unknown)."""
-        ...
-
-    async def identity(self) -> StoreIdentity:
-        """The event store read, as checkpoints are checked against it."""
-        ...
 
 
 class Replay:
     """One task's replay of the event store (a :class:`Replayed` for the feed)."""
 
-    def __init__(self, task: PartitionTask, history: HistoryFeed | None) -> None:
+    def __init__(self, task: TaskSurface, history: HistoryFeed | None) -> None:
         self._task, self.history = task, history
         self.name, self.topic, self.partition = task.name, task.topic, task.partition
         self.lanes: list[Lane] = []
@@ -266,7 +182,7 @@ class Replay:
                 "event store feed for it (setting event_store)"
             )
         self.lanes = lanes
-        task.transition_to(Phase.CATCHING_UP)
+        task.transition_if_open(Phase.CATCHING_UP)  # closed while opening: run() ends at once
         await self.run()
         if task.phase is not Phase.CATCHING_UP:
             return
@@ -302,14 +218,14 @@ class Replay:
         before = outcomes_of(task.lanes).get(Outcome.DELIVERED, 0)
         self.lanes = lanes
         async with task.turn:  # a building lane's part in hand commits first
-            task.transition_to(Phase.CATCHING_UP)
+            task.transition_if_open(Phase.CATCHING_UP)  # closed meanwhile: run() ends at once
         await self.run()  # a close ends the wait (the feed drops it)
         if task.phase is not Phase.CATCHING_UP or task.closing.is_set():
             return
         done = {lane: lane.history_position() for lane in lanes}
         await task.commit(None, history_at(done))
         self.lanes = []
-        task.transition_to(Phase.LIVE)
+        task.transition_if_open(Phase.LIVE)  # closed while committing: stays closed
         applied = outcomes_of(task.lanes).get(Outcome.DELIVERED, 0) - before
         if applied:
             log.info(
@@ -344,7 +260,7 @@ class Replay:
 
 
 async def apply_part(
-    task: PartitionTask,
+    task: TaskSurface,
     lanes: Sequence[Lane],
     deliveries: Sequence[Delivery],
     next_position: int,

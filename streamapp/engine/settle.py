@@ -16,7 +16,6 @@ skip on purpose.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ..agents.agent import DUPLICATE, Agent, Handled, handle
 from ..errors import DecodeError
@@ -29,15 +28,13 @@ from ..records import Delivery
 from .backoff import pause
 from .hold import hold_failed, holds_streams
 from .interfaces import TaskMetrics
-
-if TYPE_CHECKING:
-    from .lane import Lane
+from .lane_surface import LaneSurface
 
 log = logging.getLogger("streamapp.agent")
 
 
 async def settle_failed(
-    lane: Lane,
+    lane: LaneSurface,
     record: Delivery,
     item: Event | DecodeError,
     handled: Handled,
@@ -79,7 +76,7 @@ async def settle_failed(
 
 
 async def _park(
-    lane: Lane, record: Delivery, item: Event | DecodeError, reason: str, policy: Park
+    lane: LaneSurface, record: Delivery, item: Event | DecodeError, reason: str, policy: Park
 ) -> bool:
     """Park ``record`` (confirmed); with ``hold="stream"`` its stream is held from it."""
     if policy.holds and isinstance(item, Event) and item.stream_id is not None:
@@ -88,7 +85,7 @@ async def _park(
 
 
 async def _chain(
-    lane: Lane,
+    lane: LaneSurface,
     record: Delivery,
     item: Event | DecodeError,
     handled: Handled,
@@ -147,7 +144,7 @@ async def _chain(
     return True, handled
 
 
-def _moved_on(lane: Lane, record: Delivery, item: Event | DecodeError) -> None:
+def _moved_on(lane: LaneSurface, record: Delivery, item: Event | DecodeError) -> None:
     """Warn when ``record`` was sent back by a replay and skipped by the stream-version
     guard although its stream is past it: the event failed, a later one of its stream
     was applied meanwhile, so the table never gets it (a stream at the event's own

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..failures.outcomes import Outcome
 from ..tables.checkpoint import Checkpoint
+from ..topics import TopicSpec
 from .hold import held_counts
 from .lane import Lane
-from .phase import Phase
-
-if TYPE_CHECKING:
-    from .task import PartitionTask
+from .phase import LiveState, Phase
 
 
 @dataclass(slots=True)
@@ -45,6 +43,37 @@ def outcomes_of(lanes: Sequence[Lane]) -> dict[Outcome, int]:
     return out
 
 
+class _Fed(Protocol):
+    @property
+    def follows_store(self) -> bool: ...
+
+
+class Observed(Protocol):
+    """What the status reads of a partition task (:class:`~streamapp.engine.task.PartitionTask`;
+    a protocol, as the task imports this module)."""
+
+    @property
+    def topic(self) -> TopicSpec: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def live_state(self) -> LiveState: ...
+    @property
+    def next_position(self) -> int | None: ...
+    @property
+    def lag(self) -> int | None: ...
+    @property
+    def counts(self) -> TaskCounts: ...
+    @property
+    def lanes(self) -> Sequence[Lane]: ...
+    @property
+    def replay(self) -> _Fed: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TaskStatus:
     """One task's status, as ``/status`` shows it (:meth:`as_dict`)."""
@@ -60,9 +89,11 @@ class TaskStatus:
     lanes: Sequence[Lane]
     store_fed: bool = False
     """The event store is the live source (STREAMAPP_BROKER=none)."""
+    live_state: LiveState | None = None
+    """What it is doing while live or suspended (None in other phases)."""
 
     @classmethod
-    def of(cls, task: PartitionTask, start_position: int | None) -> TaskStatus:
+    def of(cls, task: Observed, start_position: int | None) -> TaskStatus:
         """``task``'s status now (``start_position``: where its live source began)."""
         return cls(
             task.topic.name,
@@ -75,6 +106,7 @@ class TaskStatus:
             task.counts,
             task.lanes,
             task.replay.follows_store,
+            task.live_state if task.phase in (Phase.LIVE, Phase.SUSPENDED) else None,
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -87,6 +119,7 @@ class TaskStatus:
             "partition": self.partition,
             "phase": self.phase.value,
             "busy": self.busy,
+            "live_state": None if self.live_state is None else self.live_state.value,
             "start_position": self.start_position,
             "next_position": self.next_position,
             "lag": self.lag,

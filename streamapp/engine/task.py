@@ -1,14 +1,15 @@
 """The partition task: the life of one source partition, the same for every transport.
 
-The task (Kafka Streams' ``StreamTask``) holds the phase machine (one method,
-:meth:`PartitionTask.transition_to`, as :mod:`~streamapp.engine.phase` allows), runs
+The task (Kafka Streams' ``StreamTask``) holds the phase machine (a checked
+:class:`~streamapp.engine.phase.PhaseMachine`: its phase, its lanes', its live state), runs
 batches through every agent of the topic (each a lane, :mod:`~streamapp.engine.lane`),
 commits them in the one documented order (:mod:`~streamapp.engine.commit`) and rewinds
 with back-off when a commit fails (:mod:`~streamapp.engine.recover`). It delegates the
 rest: opening and going live (:mod:`~.opening`, :mod:`~.start_plan`), the stores
 (:mod:`~.state`), the event-store replay (:mod:`~.replay`), rebuilding a corrupt store
 (:mod:`~.rebuild`), what is fetched while a batch runs (:mod:`~.ahead`). Sources make
-tasks with a :class:`~.factory.TaskFactory`; observers read :meth:`~PartitionTask.status`.
+tasks with a :class:`~.factory.TaskFactory`; observers read :meth:`~PartitionTask.status`;
+the helpers see the task as a :class:`~.task_surface.TaskSurface` (no import cycle).
 
 The transport gives it a :class:`~.interfaces.PartitionPort` and, where batches must
 survive a move atomically, a :class:`~.interfaces.Transaction` (else derived events go
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from ..agents.agent import Agent
 from ..errors import AgentRefusedError, FencedError, StoreBehindError, StoreCorruptError
@@ -35,18 +36,15 @@ from .backoff import Pauses
 from .commit import Commit
 from .interfaces import PartitionPort, Transaction
 from .lane import SKIP, Lane, Run, run_lanes
-from .lane_build import LaneBuild
 from .opening import open_partition, rejoin_partition, suspend_partition
-from .phase import Phase, check_transition
+from .phase import LiveState, Phase, PhaseMachine
 from .rebuild import rebuild_damaged, store_damaged
 from .recover import recover
 from .replay import Replay, store_position
 from .resume import resume_points
 from .state import PartitionState, StoreOpener
 from .status import TaskCounts, TaskStatus, outcomes_of
-
-if TYPE_CHECKING:
-    from .factory import TaskFactory
+from .task_surface import BuildSurface, TaskParts
 
 log = logging.getLogger("streamapp.partition")
 
@@ -61,7 +59,7 @@ class PartitionTask:
         port: PartitionPort,
         *,
         name: str,
-        factory: TaskFactory,
+        factory: TaskParts,
         open_store: StoreOpener | None = None,
         transaction: Transaction | None = None,
     ) -> None:
@@ -81,27 +79,20 @@ class PartitionTask:
         self.committer = Commit(self.lanes, port, transaction, factory.publish, self.metrics)
         self.counts: Final = TaskCounts()
         self.state: Final = PartitionState(
-            self.lanes,
-            partition,
-            self.topic,
-            name=name,
-            open_store=open_store,
-            transaction=transaction,
-            locate=factory.locate,
-            metrics=self.metrics,
-            counts=self.counts,
-            replayable=factory.history is not None,
+            self.lanes, partition, self.topic, name=name, open_store=open_store,
+            transaction=transaction, locate=factory.locate, metrics=self.metrics,
+            counts=self.counts, replayable=factory.history is not None,
             on_damage=lambda lane, damage: store_damaged(self, lane, damage),
-        )
+        )  # fmt: skip
         self.replay: Final = Replay(self, factory.history)
-        self._phase = Phase.RESTORING
-        self._busy = False
+        self.machine: Final = PhaseMachine(name, self.lanes)
+        """The task's phase, its lanes' and its live state (:mod:`~.phase`)."""
         self._fatal: BaseException | None = None
         self._next: int | None = None
         self._start: int | None = None
         self._opening: asyncio.Task[None] | None = None
         self._batch: asyncio.Future[Any] | None = None
-        self.reseek = False
+        self._reseek = False
         self.ahead: Final = Ahead(port, config.max_batch_records)
         """What the source fetched while the batch in hand runs: the next batch."""
         self.joining = 0
@@ -110,7 +101,7 @@ class PartitionTask:
         self.turn: Final = asyncio.Lock()
         """Held by a live batch, and by each part of a building lane's replay, so that
         the two take turns (each commits its own work, never the other's)."""
-        self.builds: list[LaneBuild] = []
+        self.builds: list[BuildSurface] = []
         """Lanes catching up on their own while the others are live (engine.build)."""
         self.pauses: Final = Pauses()
         """The pauses it chooses (a Redeliver backoff): no stall (engine.stalled)."""
@@ -138,13 +129,42 @@ class PartitionTask:
 
     @property
     def busy(self) -> bool:
-        """True while the task works on something (a batch, a rebuild, a rejoin)."""
-        return self._busy
+        """True while nothing is fed to the task: its :attr:`live_state` is not idle."""
+        return self.machine.live_state is not LiveState.IDLE
 
-    @busy.setter
-    def busy(self, on: bool) -> None:
-        """Set while nothing is fed to the task (a batch, a rebuild, a handover in hand)."""
-        self._busy = on
+    @property
+    def live_state(self) -> LiveState:
+        """What the task is doing while live (changed by :meth:`set_live_state` alone)."""
+        return self.machine.live_state
+
+    def set_live_state(self, to: LiveState, *, was: LiveState) -> None:
+        """``was`` ends, ``to`` starts, checked (:meth:`~.PhaseMachine.set_live_state`)."""
+        self.machine.set_live_state(to, was=was)
+
+    @property
+    def reseek(self) -> bool:
+        """Deliveries were dropped (fetched ahead, not accepting): rewind before resuming."""
+        return self._reseek
+
+    @property
+    def lanes_building(self) -> bool:
+        """A lane catches up on its own beside the live ones (:mod:`~.lane_build`)."""
+        return any(lane.building for lane in self.lanes)
+
+    @property
+    def ahead_waiting(self) -> bool:
+        """Deliveries fetched ahead wait to run after the batch in hand (:mod:`~.ahead`)."""
+        return bool(self.ahead.waiting)
+
+    @property
+    def damaged(self) -> bool:
+        """A store was found corrupt and is not rebuilt yet (:mod:`~.rebuild`)."""
+        return bool(self.state.damaged)
+
+    @property
+    def is_closing(self) -> bool:
+        """:meth:`close` began: work in hand ends, nothing new starts."""
+        return self.closing.is_set()
 
     @property
     def batch(self) -> asyncio.Future[Any] | None:
@@ -161,10 +181,12 @@ class PartitionTask:
         self._batch.add_done_callback(self._batch_done)
 
     def place(self, position: int, *, start: bool = False) -> None:
-        """The source position the task takes next (``start``: the term starts there)."""
+        """The source position the task takes next (``start``: the term starts there, so
+        nothing dropped before it is owed a rewind)."""
         self._next = position
         if start:
             self._start = position
+            self._reseek = False
 
     @property
     def fatal(self) -> BaseException | None:
@@ -181,9 +203,7 @@ class PartitionTask:
         """Live deliveries of this partition not yet committed, when the transport knows
         the partition's end cheaply (None: unknown, or not live yet)."""
         end = self.port.end()
-        if end is None or self._next is None:
-            return None
-        return max(end - self._next, 0)
+        return None if end is None or self._next is None else max(end - self._next, 0)
 
     def status(self) -> dict[str, object]:
         """What ``/status`` shows of this partition (see :class:`~.status.TaskStatus`)."""
@@ -193,31 +213,19 @@ class PartitionTask:
     @property
     def phase(self) -> Phase:
         """Where the task stands (changed by :meth:`transition_to` alone)."""
-        return self._phase
+        return self.machine.phase
 
     def transition_to(self, phase: Phase) -> None:
-        """Move to ``phase``, as :data:`~streamapp.engine.phase.TRANSITIONS` allows (else
-        PhaseTransitionError). A closed task stays closed: the move of work that raced
-        the close is dropped."""
-        if self._phase is Phase.CLOSED:
-            return
-        check_transition(self.name, self._phase, phase)
-        self._phase = phase
-        for lane in self.lanes:  # a building lane stays catching up while the task is live
-            if lane.building and not phase.stopped:  # a rebuild, a gap closing: it waits
-                continue
-            lane.building = False
-            lane.move_to(phase)
+        """Move the task and its lanes to ``phase``, checked (:class:`~.PhaseMachine`)."""
+        self.machine.transition_to(phase)
 
     def transition_lane(self, lane: Lane, phase: Phase) -> None:
-        """Move one lane to ``phase`` as :data:`~streamapp.engine.phase.TRANSITIONS`
-        allows: a lane that builds on its own (``catching_up``) while the task is live,
-        and its handover (``live``, with the task's other lanes)."""
-        if self._phase.stopped or lane.phase is phase:
-            return
-        check_transition(f"{self.name} of agent {lane.name}", lane.phase, phase)
-        lane.move_to(phase)
-        lane.building = phase is Phase.CATCHING_UP and self._phase is not Phase.CATCHING_UP
+        """Move one lane to ``phase`` (building beside live lanes; its handover), checked."""
+        self.machine.transition_lane(lane, phase)
+
+    def transition_if_open(self, phase: Phase, lane: Lane | None = None) -> bool:
+        """For work that can race the close: a move dropped (logged) once closed."""
+        return self.machine.transition_if_open(phase, lane)
 
     @property
     def accepting(self) -> bool:
@@ -240,7 +248,8 @@ class PartitionTask:
         """The partition came back after :meth:`suspend`: in the background, fence and
         catch up with whatever another owner committed meanwhile, then take deliveries
         again, with no store reopen and no restore when nothing changed."""
-        self.transition_to(Phase.LIVE)  # still busy: fed again once caught up
+        self.transition_to(Phase.LIVE)  # fed again once caught up (rejoin_partition)
+        self.set_live_state(LiveState.REJOINING, was=LiveState.SUSPENDED)
         self.port.pause()
         self._opening = asyncio.create_task(rejoin_partition(self), name=f"rejoin {self.name}")
         self._opening.add_done_callback(self._opening_done)
@@ -252,8 +261,8 @@ class PartitionTask:
     def fail(self, exc: BaseException, message: str) -> None:
         """Stop this partition for good here: logged once, and the source is told, so the
         worker stops and leaves the group (the partition stays paused meanwhile)."""
-        if self.phase is not Phase.FAILED:
-            self.transition_to(Phase.FAILED)
+        if self.phase is not Phase.FAILED:  # a batch, an opening may die after a close
+            self.transition_if_open(Phase.FAILED)
         if self._fatal is not None:
             return
         self._fatal = exc
@@ -269,7 +278,7 @@ class PartitionTask:
 
     async def close(self) -> None:
         """Finish the batch in hand (it commits), then close the transaction and stores."""
-        self.transition_to(Phase.CLOSED)
+        self.transition_if_open(Phase.CLOSED)  # closed twice: the second move is dropped
         self.closing.set()  # ends a redelivery pause and stops between chunks
         batch = self._batch
         parts = [b.work for b in self.builds if b.work is not None and not b.work.done()]
@@ -296,13 +305,9 @@ class PartitionTask:
     def mark_lost(self, exc: BaseException) -> None:
         if self.phase in (Phase.LOST, Phase.FAILED):
             return  # told already (a failure stands)
-        self.transition_to(Phase.LOST)
-        log.error(
-            "%s: another worker took the partition over (%r); this worker no longer owns it "
-            "and leaves it paused until the group revokes it",
-            self.name,
-            exc,
-        )
+        self.transition_if_open(Phase.LOST)  # fenced work that raced the close
+        then = "this worker no longer owns it and leaves it paused until the group revokes it"
+        log.error("%s: another worker took the partition over (%r); %s", self.name, exc, then)
 
     # live deliveries -----------------------------------------------------------------
     def feed(self, deliveries: Sequence[Delivery], *, prefetch: bool = False) -> None:
@@ -315,7 +320,7 @@ class PartitionTask:
             deliveries = [d for d in deliveries if d.position >= start]
         if not deliveries:
             return
-        self._busy = True
+        self.set_live_state(LiveState.HANDLING, was=LiveState.IDLE)
         self.ahead.start(prefetch, deliveries)
         self._batch = asyncio.create_task(self.process(deliveries), name=f"batch {self.name}")
         self._batch.add_done_callback(self._batch_done)
@@ -323,23 +328,22 @@ class PartitionTask:
     @property
     def queueing(self) -> bool:
         """True while deliveries fetched ahead are taken (``ahead.add``)."""
-        return self.ahead.taking and self._phase is Phase.LIVE
+        return self.ahead.taking and self.phase is Phase.LIVE
 
     def hold_ahead(self) -> None:
         """Take nothing more ahead; what was dropped is fetched again after a rewind."""
         if self.ahead.hold():
-            self.reseek = True
+            self._reseek = True
 
     def recheck(self) -> None:
-        """The source may have changed hands under this task (a queue with single active
-        consumer, after an open or a reconnect): before the next live batch, events of
-        this partition stored below that batch's first store position, which another
-        consumer may have taken and acked, are replayed from the store."""
+        """The source may have changed hands (a queue's single active consumer, after an
+        open or a reconnect): replay what another consumer may have taken and acked,
+        stored below the next live batch's first store position, before that batch."""
         self.replay.recheck()
 
     def dropped(self) -> None:
         """Deliveries arrived while not accepting: rewind before resuming."""
-        self.reseek = True
+        self._reseek = True
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:
@@ -347,23 +351,25 @@ class PartitionTask:
 
     async def process(self, deliveries: Sequence[Delivery]) -> None:
         """Run live ``deliveries`` (in order) through the agents, commit, then resume;
-        then what was fetched meanwhile, if anything (see :meth:`feed`)."""
+        then what was fetched meanwhile, if anything (see :meth:`feed`; a caller that
+        does not feed, the memory broker, makes the task handle them here)."""
+        if self.live_state is LiveState.IDLE and self.phase is Phase.LIVE:
+            self.set_live_state(LiveState.HANDLING, was=LiveState.IDLE)
         while True:
             wait_s = await self._process(deliveries)
             if wait_s is None:
                 self.hold_ahead()
                 return
-            waiting = self.ahead.waiting
-            if wait_s or not waiting or self.joining or self.state.damaged:
+            if wait_s or not self.ahead_waiting or self.joining or self.damaged:
                 break
-            if self._phase is not Phase.LIVE or self.reseek:
+            if self.phase is not Phase.LIVE or self.reseek:
                 break
             deliveries = self.ahead.take()
-        stopped = self._phase is not Phase.LIVE  # lost, failed or closed: stays paused
-        if wait_s or self.ahead.waiting or self.joining or self.state.damaged or stopped:
+        stopped = self.phase is not Phase.LIVE  # lost, failed or closed: stays paused
+        if wait_s or self.ahead_waiting or self.joining or self.damaged or stopped:
             self.hold_ahead()
         self.ahead.taking = False
-        if self.state.damaged:
+        if self.damaged:
             async with self.turn:
                 rebuilt = await rebuild_damaged(self)
             if not rebuilt:
@@ -373,7 +379,7 @@ class PartitionTask:
             return
         if self.reseek and self.next_position is not None:
             self.rewind(self.next_position)
-        self._busy = False
+        self.set_live_state(LiveState.IDLE, was=LiveState.HANDLING)
         self.ahead.resumed()
         self.port.resume()
 
@@ -402,8 +408,7 @@ class PartitionTask:
     async def _run_batch(self, deliveries: Sequence[Delivery]) -> float | None:
         """Run and commit live ``deliveries`` in chunks; the pause before the partition
         is fetched again (None: the task stops taking deliveries)."""
-        config = self.config
-        wait_s = 0.0
+        config, wait_s = self.config, 0.0
         size = config.max_batch_records
         for i in range(0, len(deliveries), size):
             if self.phase is not Phase.LIVE:  # closed: the next owner starts at our checkpoint
@@ -411,12 +416,7 @@ class PartitionTask:
             chunk = deliveries[i : i + size]
             starts = [SKIP if lane.next is None else lane.next for lane in self.lanes]
             run = await run_lanes(
-                self.lanes,
-                starts,
-                chunk,
-                self._decode,
-                config.batch_budget_s,
-                metrics=self.metrics,
+                self.lanes, starts, chunk, self._decode, config.batch_budget_s, metrics=self.metrics
             )
             if run.reached != starts:
                 last = i + size >= len(deliveries)
@@ -475,12 +475,12 @@ class PartitionTask:
 
     def _fetched_on(self) -> bool:
         """Deliveries past the chunk in hand were fetched (waiting, or dropped)."""
-        return self.reseek or bool(self.ahead.waiting)
+        return self.reseek or self.ahead_waiting
 
     def rewind(self, position: int) -> None:
         self.hold_ahead()  # what was fetched ahead is fetched again from ``position``
         self.port.rewind(position)
-        self.reseek = False
+        self._reseek = False
 
     # the commit order (engine/commit.py) -----------------------------------------------
     async def commit(

@@ -40,9 +40,9 @@ from ..engine.interfaces import NO_LANES, Committed, TaskMetrics
 from ..engine.metrics import NO_METRICS
 from ..engine.parking import parker
 from ..engine.provenance import StoreIdentity
-from ..engine.replay import Replayed
 from ..engine.task import PartitionTask
 from ..engine.task_config import TaskConfig
+from ..engine.task_surface import Replayed
 from ..errors import StreamappError
 from ..events import Event
 from ..failures import retry_chain as chain

@@ -10,8 +10,8 @@ from typing import Any
 
 from streamapp.catchup.feed import StoreFeed
 from streamapp.codecs import kafka as codec
+from streamapp.engine.assignment import LiveSource
 from streamapp.engine.factory import TaskFactory
-from streamapp.engine.interfaces import LiveSource
 from streamapp.engine.phase import Phase
 from streamapp.engine.task import PartitionTask
 from streamapp.engine.task_config import TaskConfig

@@ -33,7 +33,9 @@ def _records(base_offset: int, n: int) -> bytes:
     )  # fmt: skip
     for i in range(n):
         headers = [("ce_id", f"e{i}".encode()), ("content-type", b"application/json")]
-        builder.append(i, timestamp=None, key=f"k{i}".encode(), value=b"{}", headers=headers)
+        # a fixed timestamp: None would be the clock's, which moves between two batches
+        stamp = 1_764_000_000_000 + i
+        builder.append(i, timestamp=stamp, key=f"k{i}".encode(), value=b"{}", headers=headers)
     buffer = builder.build()
     buffer[0:8] = base_offset.to_bytes(8, "big")  # the batch's base offset
     return bytes(buffer)
@@ -61,6 +63,7 @@ def test_records_read_as_deliveries_carry_what_consumer_records_carry() -> None:
     assert [position_of(r) for r in delivered] == [position_of(r) for r in plain] == [12, 13, 14]
     copied = as_deliveries(plain)
     assert list(copied) == delivered
+    assert [d.timestamp_ms for d in delivered] == [r.timestamp for r in plain]
 
 
 def test_a_fetcher_that_is_not_the_plain_one_is_left_alone() -> None:

@@ -91,7 +91,9 @@ async def test_a_task_moves_through_its_phases_and_refuses_an_invalid_move() -> 
 
     await task.close()
     assert task.phase is Phase.CLOSED
-    task.transition_to(Phase.LIVE)  # work that raced the close: dropped, never raised
+    with pytest.raises(PhaseTransitionError, match="from closed to live"):
+        task.transition_to(Phase.LIVE)  # a move from closed is a bug: it raises
+    assert not task.transition_if_open(Phase.LIVE)  # work that raced the close says so
     assert task.phase is Phase.CLOSED
     assert not await task.suspend()  # a closed task is not kept
 

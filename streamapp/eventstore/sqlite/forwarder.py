@@ -10,13 +10,28 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .store import SqliteEventStore
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 log = logging.getLogger("streamapp.eventstore.sqlite")  # the store's own logger
+
+T = TypeVar("T")
+
+
+class SqliteFile(Protocol):
+    """What the forwarder state needs of its store
+    (:class:`~streamapp.eventstore.sqlite.store.SqliteEventStore`, which makes it: a
+    protocol, so that this module does not import the store back)."""
+
+    @property
+    def path(self) -> Path:
+        """The store's database file (the forwarder lock is next to it)."""
+        ...
+
+    async def with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` in the store's thread, one call at a time."""
+        ...
 
 
 class SqliteForwarderState:
@@ -26,7 +41,7 @@ class SqliteForwarderState:
     so a waiting forwarder takes over within one poll.
     """
 
-    def __init__(self, store: SqliteEventStore, name: str, *, poll_s: float = 0.5) -> None:
+    def __init__(self, store: SqliteFile, name: str, *, poll_s: float = 0.5) -> None:
         self.store = store
         self.name = name
         self.poll_s = poll_s

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ...app import App
     from ...catchup.feed import StoreFeed
     from ...catchup.forwarder import Encoder
-    from ...engine.interfaces import LiveSource, Sink, SinkMetrics
+    from ...engine.assignment import LiveSource
+    from ...engine.interfaces import Sink, SinkMetrics
     from ...eventstore.base import EventStoreBackend
     from ...failures.republish import HeldReader, Offsets
     from ...settings.settings import Settings

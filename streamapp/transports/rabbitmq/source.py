@@ -36,10 +36,10 @@ from ...engine.interfaces import TaskMetrics
 from ...engine.lease import Lease
 from ...engine.metrics import NO_METRICS
 from ...engine.parking import parker
-from ...engine.replay import HistoryFeed
 from ...engine.served import local_tables
 from ...engine.task import PartitionTask
 from ...engine.task_config import TaskConfig
+from ...engine.task_surface import HistoryFeed
 from ...errors import SourceError
 from ...events import Event
 from ...records import Delivery, DeliveryRecord
