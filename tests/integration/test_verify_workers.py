@@ -122,7 +122,7 @@ async def _wait_verified(w: WorkerProc, n: int, **env: str) -> dict[str, Any]:
 
     async def check() -> bool:
         seen[0] = _found(await asyncio.to_thread(_verify, w, "--json", **env))
-        return seen[0]["checked"] == n and seen[0]["missing"] == 0
+        return bool(seen[0]["checked"] == n and seen[0]["missing"] == 0)
 
     await until(check, what=f"{n} streams applied", progress=lambda: worker_progress([w]),
                 detail=lambda: seen[0], poll_s=0.5)  # fmt: skip
@@ -251,7 +251,6 @@ async def test_verify_under_live_load_rabbitmq(services: Services, tmp_path: Pat
         w.stop()
 
 
-@pytest.mark.heavy
 async def test_verify_under_live_load_kafka_two_workers(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -471,7 +470,6 @@ async def _served_by(http: aiohttp.ClientSession, w: WorkerProc, key: str) -> tu
     raise AssertionError(f"{key} from {w.port}: still 503")
 
 
-@pytest.mark.heavy
 async def test_versions_diff_counts_the_changed_streams_and_the_switch_is_group_wide(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
