@@ -5,8 +5,8 @@
   worker with the store's history), Kafka with 2 workers (verify asks one, the keys of
   the other's partitions are forwarded to it);
 - each fault is reported with exactly its keys, and exit 1: a handler that reads the
-  clock, a value edited in a stopped worker's RocksDB store, a record removed from a
-  Kafka changelog that a fresh worker restores from;
+  clock and a value edited in a stopped worker's RocksDB store (embedded, RabbitMQ,
+  Kafka), a record removed from a Kafka changelog that a fresh worker restores from;
 - ``versions diff`` counts exactly the streams whose events the changed handler treats
   differently, and a manual version switches group-wide (2 Kafka workers) on the command.
 """
@@ -52,6 +52,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 APP = "tests.apps.verify_app:app"
 NO_KAFKA = "127.0.0.1:1"
 TYPES = ("order.paid", "order.shipped", "order.cancelled")
+BROKERS = ["embedded", "rabbitmq", "kafka"]
 
 
 def stream_events(n_streams: int, per_stream: int, seed: int = 3) -> list[Event]:
@@ -212,6 +213,21 @@ def _embedded(tmp: Path, url: str, name: str = "w", **env: str) -> WorkerProc:
     )
 
 
+def _worker_on(broker: str, services: Services, tmp: Path, url: str, **env: str) -> WorkerProc:
+    """One worker of the app on ``broker`` (its topics made), reading ``url``'s history."""
+    env = {"STREAMAPP_EVENT_STORE": url, **env}
+    if broker == "embedded":
+        return _embedded(tmp, url, **env)
+    ns = f"vw{broker[0]}{uuid.uuid4().hex[:6]}-"
+    kafka = services.kafka if broker == "kafka" else NO_KAFKA
+    if broker == "rabbitmq":
+        env |= {"STREAMAPP_BROKER": "rabbitmq", "STREAMAPP_AMQP_URL": services.amqp}
+    w = WorkerProc(kafka, ns, tmp / "w", tmp / "w.log", APP, extra_env=env)
+    created = _cli(w, "topics", "create")
+    assert created.returncode == 0, created.stderr
+    return w
+
+
 async def test_verify_under_live_load_embedded(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'events.db'}"
     events = stream_events(300, 4)
@@ -286,15 +302,16 @@ async def test_verify_under_live_load_kafka_two_workers(
             w.stop()
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 async def test_verify_names_the_streams_of_a_handler_that_reads_the_clock(
-    tmp_path: Path,
+    services: Services, tmp_path: Path, broker: str
 ) -> None:
     url = f"sqlite:///{tmp_path / 'events.db'}"
     events = [e for e in stream_events(40, 3) if e.type != "order.shipped"]
     shipped = ["order-0003", "order-0017", "order-0029"]
     events += [Event.create("order.shipped", stream_id=s, data={}) for s in shipped]
     await append_to_store(url, events)
-    w = _embedded(tmp_path, url, STREAMAPP_TEST_VERIFY_CLOCK="1").start()
+    w = _worker_on(broker, services, tmp_path, url, STREAMAPP_TEST_VERIFY_CLOCK="1").start()
     try:
         await wait_ready(w)
         await until(lambda: _moved([w], len(events) - 1), what="all applied",
@@ -318,11 +335,14 @@ def _rocks(path: Path) -> Any:
                  column_families={n: Options(raw_mode=True) for n in names})  # fmt: skip
 
 
-async def test_verify_names_a_value_edited_in_the_rocksdb_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("broker", BROKERS)
+async def test_verify_names_a_value_edited_in_the_rocksdb_store(
+    services: Services, tmp_path: Path, broker: str
+) -> None:
     url = f"sqlite:///{tmp_path / 'events.db'}"
     events = stream_events(40, 3)
     await append_to_store(url, events)
-    w = _embedded(tmp_path, url)
+    w = _worker_on(broker, services, tmp_path, url)
     w.start()
     try:
         await wait_ready(w)
