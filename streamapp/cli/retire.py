@@ -142,9 +142,9 @@ class RetirePlan:
         return out
 
 
-async def read_tables(url: str, token: str | None) -> dict[str, Any]:
-    """A running worker's ``GET /tables``; RetireRefusedError naming ``url`` and the fix
-    when no worker answers there."""
+async def read_tables(url: str, token: str | None, command: str = "retire") -> dict[str, Any]:
+    """A running worker's ``GET /tables``; RetireRefusedError naming ``url``, the fix and
+    the ``command`` refused (``retire``, ``switch``) when no worker answers there."""
     import aiohttp
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -156,15 +156,15 @@ async def read_tables(url: str, token: str | None) -> dict[str, Any]:
             status, body = response.status, await response.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise RetireRefusedError(
-            f"retire refused, nothing changed: no worker answers at {url} ({exc}). A retire "
-            "asks a running worker which versions the workers declare: start one, or give "
-            "the views of a running one with --url http://HOST:PORT (default: with "
+            f"{command} refused, nothing changed: no worker answers at {url} ({exc}). A "
+            f"{command} asks a running worker which versions the workers declare: start one, "
+            "or give the views of a running one with --url http://HOST:PORT (default: with "
             "STREAMAPP_BROKER=none the running worker's, else "
             "http://127.0.0.1:$STREAMAPP_WEB_PORT)"
         ) from exc
     if status != 200:
         raise RetireRefusedError(
-            f"retire refused, nothing changed: the worker at {url} answered GET /tables with "
+            f"{command} refused, nothing changed: the worker at {url} answered GET /tables with "
             f"{status} ({body[:200].decode(errors='replace')}); with a bearer token set "
             "STREAMAPP_WEB_TOKEN"
         )

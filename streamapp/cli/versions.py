@@ -78,7 +78,7 @@ def switch_command(app_ref: str, table: str, version: int, url: str | None) -> N
 
 
 async def _switch(app: App, table: Table[Any], views: str) -> None:
-    listed = await read_tables(views, os.environ.get("STREAMAPP_WEB_TOKEN"))
+    listed = await read_tables(views, os.environ.get("STREAMAPP_WEB_TOKEN"), "switch")
     states = {
         v["version"]: v["state"]
         for t in listed["tables"]
