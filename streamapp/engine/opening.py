@@ -65,6 +65,7 @@ async def rejoin_partition(task: TaskSurface) -> None:
         return
     except Exception as exc:
         log.warning("%s: kept open, but cannot go on (%r): opened again", task.name, exc)
+        task.set_live_state(LiveState.IDLE, was=LiveState.REJOINING)  # fed once live again
         await task.state.release()
         if task.transition_if_open(Phase.RESTORING):  # a close may have come meanwhile
             await open_partition(task)

@@ -113,3 +113,34 @@ async def test_a_refused_partition_is_failed_not_lost() -> None:
     assert task.phase is Phase.FAILED
     assert task.status()["phase"] == "failed"
     assert isinstance(task.fatal, AgentRefusedError)
+
+
+async def test_a_rejoin_that_cannot_go_on_opens_again_and_takes_deliveries() -> None:
+    """A kept partition whose rejoin fails (the broker refused its start, say) is opened
+    again from its store: it must come back live and idle, taking deliveries, not stay
+    ``rejoining`` for good (nothing is fed to a task that is not idle)."""
+    broker = MemoryBroker(_app())
+    task, _ = await broker._task("in", 0)
+    assert await task.suspend()
+    failing = task.transaction if task.transaction is not None else task.port
+    name = "reset" if task.transaction is not None else "begin"
+    real = getattr(failing, name)
+    calls: list[int] = []
+
+    async def once(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("the broker went away during the rejoin")
+        return await real(*args, **kwargs)
+
+    setattr(failing, name, once)
+    task.rejoin()
+    for _ in range(1000):  # the rejoin, then the opening again, run in the background
+        if task.accepting:
+            break
+        await asyncio.sleep(0.001)
+    assert calls, "the rejoin never reached the failing call"
+    assert task.phase is Phase.LIVE
+    assert task.live_state.value == "idle"
+    assert task.accepting
+    await task.close()
