@@ -97,7 +97,7 @@ def contender(cmd: Sequence[str], timeout_s: float, events: int, hint: str = "")
     note, span_cpu_s, span_events, and figures of its own, kept in ``extra``)."""
     load = os.getloadavg()[0]
     done = run(cmd, timeout_s)
-    base = {
+    base: dict[str, Any] = {
         "cpu_s": round(done.cpu_s, 3),
         "wall_s": round(done.wall_s, 2),
         "load_1m": round(load, 2),

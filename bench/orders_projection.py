@@ -177,13 +177,13 @@ def apply_fetch(fetch: dict[str, int]) -> None:
         return
     import streamapp.transports.kafka.source as source
 
-    base = source.AIOKafkaConsumer
+    base = getattr(source, "AIOKafkaConsumer")  # noqa: B009 (aiokafka is not re-exported)
     given = {("max_poll_records" if k == "max_records" else k): v for k, v in fetch.items()}
 
     def consumer(*args: Any, **kwargs: Any) -> Any:
         return base(*args, **{**kwargs, **given})
 
-    source.AIOKafkaConsumer = consumer  # type: ignore[misc,assignment]
+    setattr(source, "AIOKafkaConsumer", consumer)  # noqa: B010 (see above)
 
 
 async def streamapp_worker(
@@ -457,9 +457,9 @@ async def main() -> None:
     rivals = [r for r in args.rivals.split(",") if r and r != "none"]
     runs: dict[str, list[child.RunResult]] = {}
     for r in range(args.rounds):
-        for name, fetch in (("raw-default", "default"), ("raw-tuned", "tuned")):
+        for name, settings in (("raw-default", "default"), ("raw-tuned", "tuned")):
             run = await asyncio.to_thread(
-                ours, "raw", args.bootstrap, topic, args.events, args.orders, fetch
+                ours, "raw", args.bootstrap, topic, args.events, args.orders, settings
             )
             runs.setdefault(name, []).append(run)
         runs.setdefault("streamapp", []).append(

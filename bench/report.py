@@ -14,6 +14,7 @@ import os
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ BYTEWAX_GOAL = 1.3
 """streamapp / Bytewax with recovery on, 10,000-order workload: at least this."""
 RABBITMQ_GOAL = 0.95
 """streamapp RabbitSource / raw aio-pika: at least this."""
-THROUGHPUT_GOALS = (
+THROUGHPUT_GOALS: tuple[tuple[str, Callable[[str], bool], float, bool], ...] = (
     ("Quix at its defaults", lambda name: name.startswith("Quix "), 1.5, True),
     ("Quix at equal freshness", lambda name: name.startswith("quix-equal-freshness"), 2.0, False),
     ("Bytewax with recovery", lambda name: name.startswith("Bytewax recovery 1"), 1.3, False),
@@ -59,7 +60,8 @@ class NotQuotable(Exception):
 def not_quotable(results: dict[str, Any]) -> str | None:
     """Why the run may not be quoted, or None (older files: from their load and mode)."""
     if "not_quotable" in results:
-        return results["not_quotable"]
+        quoted: str | None = results["not_quotable"]
+        return quoted
     why = []
     load = results["machine_before"]["loadavg"][0]
     if load > QUOTABLE_LOAD:

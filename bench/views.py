@@ -209,7 +209,7 @@ async def main(args: argparse.Namespace) -> None:
             await wait_caught_up(bootstrap, topic, topic, 120, workers)
             await wait_group_ready(workers, 8)
             keys = sorted(expected)
-            owner: dict[str, int] = {}
+            owner_port: dict[str, int] = {}
             async with aiohttp.ClientSession() as http:
                 for key in keys:
                     async with http.get(
@@ -217,19 +217,21 @@ async def main(args: argparse.Namespace) -> None:
                     ) as r:
                         await r.read()
                         assert r.status == 200, (key, r.status)
-                        owner[key] = b.port if "X-Streamapp-Forwarded-To" in r.headers else a.port
+                        owner_port[key] = (
+                            b.port if "X-Streamapp-Forwarded-To" in r.headers else a.port
+                        )
                 other = {a.port: b.port, b.port: a.port}
-                asks = [(owner[k], k, False) for k in keys] + [
-                    (other[owner[k]], k, True) for k in keys
+                asks = [(owner_port[k], k, False) for k in keys] + [
+                    (other[owner_port[k]], k, True) for k in keys
                 ]
                 await check_values(http, asks, expected)
-            on_a = sum(1 for k in keys if owner[k] == a.port)
+            on_a = sum(1 for k in keys if owner_port[k] == a.port)
             print(f"{ns}: {on_a} keys on A, {len(keys) - on_a} on B", flush=True)
             # the paths each worker is asked in each mode
             paths: dict[tuple[int, str], Path] = {}
             for port in (a.port, b.port):
                 for mode in MODES:
-                    mine = [k for k in keys if (owner[k] == port) == (mode == "local")]
+                    mine = [k for k in keys if (owner_port[k] == port) == (mode == "local")]
                     paths[port, mode] = Path(tmp) / f"{port}-{mode}.paths"
                     paths[port, mode].write_text(
                         "".join(f"/tables/order_status/{k}\n" for k in mine)

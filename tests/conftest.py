@@ -131,7 +131,8 @@ def _from_env() -> Services | None:
     names = ("STREAMAPP_KAFKA_BOOTSTRAP", "STREAMAPP_AMQP_URL", "STREAMAPP_POSTGRES_DSN")
     if not all(os.environ.get(n) for n in names):
         return None
-    return Services(*(os.environ[n] for n in names), how="environment")
+    kafka, amqp, postgres = (os.environ[n] for n in names)
+    return Services(kafka, amqp, postgres, how="environment")
 
 
 @pytest.fixture(scope="session")

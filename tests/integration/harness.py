@@ -408,7 +408,8 @@ async def read_table(workers: list[WorkerProc], table: str, keys: list[str]) -> 
             return answered
 
         async def one(key: str) -> None:
-            local, forwarded = [], []
+            local: list[tuple[int, Any]] = []
+            forwarded: list[tuple[int, Any]] = []
             async with sem:
                 for w in workers:
                     status, body, was_forwarded = await ask(w, key)
