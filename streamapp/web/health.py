@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -50,29 +51,7 @@ def add_routes(
         return json_response({"status": "ok", "worker": worker_id})
 
     async def readyz(request: web.Request) -> web.Response:
-        not_live = assignment.not_live()
-        unconfirmed = assignment.not_confirmed()
-        rebalancing = assignment.rebalancing
-        stalled = assignment.stalled_agents()
-        disk = disk_full(data_dir) if data_dir is not None else None
-        body = {
-            "ready": not rebalancing
-            and not not_live
-            and assignment.unconfirmed() is None
-            and not stalled
-            and disk is None,
-            "disk": disk,
-            "rebalancing": rebalancing,
-            "partitions": len(assignment.tasks),
-            "not_live": not_live,
-            "unconfirmed": unconfirmed,
-            "stalled": stalled,
-            "stuck_on": {
-                task.name: task.counts.stuck_on
-                for task in assignment.tasks.values()
-                if task.counts.stuck_on is not None
-            },
-        }
+        body = readiness(assignment, data_dir)
         if body["ready"]:
             return json_response(body)
         return json_response(body, 503, **{"Retry-After": "1"})
@@ -114,3 +93,30 @@ def _held(assignment: Assignment, agent: Agent) -> dict[str, int]:
         return {}
     held = held_of_agent(assignment, agent.name)
     return {"held_streams": held["streams"], "held_events": held["events"]}
+
+
+def readiness(assignment: Assignment, data_dir: Path | None) -> dict[str, Any]:
+    """``/readyz``'s body, and ``streamapp_ready``'s value (``ready``): one answer for both."""
+    not_live = assignment.not_live()
+    unconfirmed = assignment.not_confirmed()
+    rebalancing = assignment.rebalancing
+    stalled = assignment.stalled_agents()
+    disk = disk_full(data_dir) if data_dir is not None else None
+    return {
+        "ready": not rebalancing
+        and not not_live
+        and assignment.unconfirmed() is None
+        and not stalled
+        and disk is None,
+        "disk": disk,
+        "rebalancing": rebalancing,
+        "partitions": len(assignment.tasks),
+        "not_live": not_live,
+        "unconfirmed": unconfirmed,
+        "stalled": stalled,
+        "stuck_on": {
+            task.name: task.counts.stuck_on
+            for task in assignment.tasks.values()
+            if task.counts.stuck_on is not None
+        },
+    }

@@ -8,7 +8,7 @@ for what is cheap to know then: phases, lag, table sizes (estimates on RocksDB).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -162,9 +162,11 @@ class WorkerMetrics:
         """The same for ``/status``: agent -> kind -> hop -> copies."""
         self.relays: list[tuple[str, RelayGauges]] = []
 
-    def watch(self, assignment: Assignment) -> None:
-        """Report ``assignment``'s partitions (phase, lag, table sizes) at each scrape."""
-        self.registry.register(_AssignmentCollector(assignment))
+    def watch(self, assignment: Assignment, ready: Callable[[], bool] | None = None) -> None:
+        """Report ``assignment``'s partitions (phase, lag, table sizes) at each scrape;
+        ``ready``: what ``/readyz`` answers (``streamapp_ready``), by default the
+        assignment's own readiness (no stall or disk check)."""
+        self.registry.register(_AssignmentCollector(assignment, ready))
 
     def watch_memory(self, memory: RocksMemory) -> None:
         """Report the worker's RocksDB memory (setting ``memory_limit_mb``) at each scrape."""
@@ -280,8 +282,9 @@ class WorkerMetrics:
 class _AssignmentCollector(Collector):
     """Gauges read from the assignment when scraped (nothing cached, nothing private)."""
 
-    def __init__(self, assignment: Assignment) -> None:
+    def __init__(self, assignment: Assignment, ready: Callable[[], bool] | None) -> None:
         self.assignment = assignment
+        self.ready = ready
 
     def describe(self) -> list[Metric]:
         return []  # not known before a scrape: keeps auto_describe from collecting
@@ -289,9 +292,11 @@ class _AssignmentCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         assignment = self.assignment
         ready = GaugeMetricFamily(
-            "streamapp_ready", "1 when every assigned partition is live and no rebalance runs."
+            "streamapp_ready",
+            "1 when /readyz answers 200 (the worker's readiness, its reasons there).",
         )
-        ready.add_metric([], 1.0 if assignment.ready else 0.0)
+        is_ready = self.ready() if self.ready is not None else assignment.ready
+        ready.add_metric([], 1.0 if is_ready else 0.0)
         yield ready
         phases = GaugeMetricFamily(
             "streamapp_partitions", "Assigned partitions by phase.", labels=["phase"]

@@ -43,7 +43,7 @@ def make_app(
     ``/readyz`` checks)."""
     if metrics is None:
         metrics = WorkerMetrics()
-    metrics.watch(assignment)
+    metrics.watch(assignment, lambda: bool(health.readiness(assignment, data_dir)["ready"]))
 
     declared = [table for _, table in assignment.app.tables.values()]
     spec = openapi.document(assignment.app.id, streamapp_version(), declared)

@@ -179,6 +179,7 @@ async def test_a_held_handler_shows_lag_in_seconds_then_a_stall_then_readyz_503(
         assert "type gate" in reason, body
         metrics = (await _get(worker, "/metrics"))[1]
         assert _metric(metrics, "streamapp_stalled_partitions") == PARTITIONS
+        assert _metric(metrics, "streamapp_ready") == 0  # as /readyz says
 
         (gate / "open").touch()
 
@@ -196,6 +197,7 @@ async def test_a_held_handler_shows_lag_in_seconds_then_a_stall_then_readyz_503(
         )
         metrics = (await _get(worker, "/metrics"))[1]
         assert _metric(metrics, "streamapp_stalled_partitions") == 0
+        assert _metric(metrics, "streamapp_ready") == 1
         for p in range(PARTITIONS):
             assert _metric(metrics, "streamapp_lag_seconds", agent=AGENT, partition=str(p)) == 0
         log = worker.log_text()

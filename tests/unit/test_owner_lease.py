@@ -102,6 +102,7 @@ async def test_views_readyz_and_status_past_the_lease() -> None:
         assert r.status == 503
         body = await r.json()
         assert body["ready"] is False
+        assert "streamapp_ready 0.0" in await (await client.get("/metrics")).text()
         assert body["not_live"] == {}
         assert set(body["unconfirmed"]) == {f"orders[{q}]" for q in range(4)}
         assert "not confirmed by the group for 7.2 s" in body["unconfirmed"][f"orders[{p}]"]
