@@ -280,17 +280,35 @@ def figures(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     if na(views):
         rows.append(("view lookups p99, local and forwarded", na(views), ""))
     client = " (wrk)" if views.get("client") == "wrk" else ""
-    for run in views.get("runs", []):
+    runs = views.get("runs", [])
+    for run in runs:
         goal, met = views_goal(run)
+        of_ceiling = ceiling_ratio(run, runs)
         rows.append(
             (
                 f"view lookup p99, {run['mode']}, concurrency {run['concurrency']}{client}",
                 f"{run['p99_ms']:.2f} ms (p50 {run['p50_ms']:.2f}, {run['rps']:,.0f} req/s"
-                + (f", CPU {run['cpu_us']:.0f} µs a request)" if "cpu_us" in run else ")"),
+                + (f", CPU {run['cpu_us']:.0f} µs a request" if "cpu_us" in run else "")
+                + ("" if of_ceiling is None else f", {of_ceiling:.2f} of bare aiohttp's req/s")
+                + ")",
                 goal and f"{goal} " + ("(met)" if met else "(NOT met)"),
             )
         )
     return rows
+
+
+def ceiling_ratio(run: dict[str, Any], runs: list[dict[str, Any]]) -> float | None:
+    """A local lookup run's req/s over the bare aiohttp server's at the same concurrency
+    (``bench/views_ceiling.py``), median of the rounds' pairs; None for other runs or
+    files without the ceiling."""
+    if run["mode"] != "local":
+        return None
+    for other in runs:
+        if other["mode"] == "aiohttp bare" and other["concurrency"] == run["concurrency"]:
+            pairs = zip(run.get("rounds", []), other.get("rounds", []), strict=False)
+            ratios = [a["rps"] / b["rps"] for a, b in pairs if b["rps"]]
+            return float(statistics.median(ratios)) if ratios else None
+    return None
 
 
 def views_goal(run: dict[str, Any]) -> tuple[str, bool | None]:

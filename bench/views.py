@@ -1,21 +1,24 @@
 """Benchmark: table view lookups, answered locally and forwarded to the owner.
 
-Two ``streamapp worker`` processes of the orders app on Kafka (8 partitions, 1,000 orders
-projected, a fresh namespace). Each key is classified once by asking worker A (owned by
-A, else by B). The load comes from ``wrk`` (Debian's package; ``scripts/bench`` installs
-it), a compiled client, so that the client is not what is measured: one wrk thread,
-``--concurrency`` keep-alive connections, ``--seconds`` a run, cycling through the keys of
-the mode with a Lua script (``bench/views.lua``) that prints wrk's latency percentiles
-and requests/s. ``local``: a worker asked for the keys it owns; ``forwarded``: asked for
-the other worker's keys (it asks the owner). Rounds alternate the asked worker (A, then
-B) and the order of the modes; the table shows the median of the rounds against the
-issue's goals (:func:`report.views_goal`). Every value is checked before and after the
-runs (200, the expected value, forwarded or not as the mode says) and a run with any
-error (a non-2xx answer, a socket error, a timeout) stops the bench. Beside the latencies:
-the CPU time per request of the workers (``/proc``; ``local``: the asked worker's,
-``forwarded``: both workers'), steadier than a rate on a shared machine, and worker A's
-CPU with no lookups (its own background work). The load average is recorded before and
-after. Not a test: nothing asserts a timing.
+Two ``streamapp worker`` processes of the orders app on Kafka (8 partitions, 1,000
+orders projected, a fresh namespace). Each key is classified once by asking worker A
+(owned by A, else by B). The load comes from ``wrk`` (Debian's package;
+``scripts/bench`` installs it), a compiled client, so that the client is not what is
+measured: one wrk thread, ``--concurrency`` keep-alive connections, ``--seconds`` a run,
+cycling through the keys of the mode with a Lua script (``bench/views.lua``) that prints
+wrk's latency percentiles and requests/s. ``local``: a worker asked for the keys it
+owns; ``forwarded``: asked for the other worker's keys (it asks the owner); ``aiohttp
+bare``: the ceiling, a bare aiohttp server on the same event loop answering one fixed
+body (``bench/views_ceiling.py``), asked for the local keys' paths in each round right
+after the workers. Rounds alternate the asked worker (A, then B) and the order of the
+modes; the table shows the median of the rounds against the issue's goals
+(:func:`report.views_goal`). Every value is checked before and after the runs (200, the
+expected value, forwarded or not as the mode says) and a run with any error (a non-2xx
+answer, a socket error, a timeout) stops the bench. Beside the latencies: the CPU time
+per request of the workers (``/proc``; ``local``: the asked worker's, ``forwarded``:
+both workers'), steadier than a rate on a shared machine, and worker A's CPU with no
+lookups (its own background work). The load average is recorded before and after. Not a
+test: nothing asserts a timing.
 
     .venv/bin/python bench/views.py [--seconds 3] [--rounds 3] [--concurrency 1,8]
                                     [--event-loop asyncio|uvloop] [--profile out.txt]
@@ -32,6 +35,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +64,8 @@ from tests.integration.harness import (  # noqa: E402
 ORDERS = 1000
 LUA = ROOT / "bench" / "views.lua"
 MODES = ("local", "forwarded")
+CEILING = "aiohttp bare"
+"""The mode of bench/views_ceiling.py: a bare aiohttp server on the same loop, the ceiling."""
 IDLE_S = 3.0
 """How long a worker's CPU is measured with no lookups (its own background work)."""
 WRK_TIMEOUT_S = 2
@@ -140,6 +146,28 @@ async def check_values(
                 )
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for the ceiling server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def until_answers(port: int, key: str) -> None:
+    """Until the ceiling server answers (bounded: 300 tries, 0.1 s apart)."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            try:
+                async with http.get(f"http://127.0.0.1:{port}/tables/order_status/{key}") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"bench/views_ceiling.py never answered on port {port}")
+
+
 def summary(results: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per mode and concurrency: the medians of the rounds."""
     out = []
@@ -154,7 +182,7 @@ def summary(results: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[s
                 "rps": statistics.median(r["rps"] for r in runs),
                 # local: the asked worker's alone; forwarded: both workers'
                 "cpu_us": statistics.median(
-                    r["cpu_us"][0] if mode == "local" else sum(r["cpu_us"]) for r in runs
+                    r["cpu_us"][0] if mode != "forwarded" else sum(r["cpu_us"]) for r in runs
                 ),
                 "rounds": [
                     {k: r[k] for k in ("worker", "p50_ms", "p90_ms", "p99_ms", "rps", "cpu_us")}
@@ -200,6 +228,7 @@ async def main(args: argparse.Namespace) -> None:
             for n in "ab"
         )
         workers = [a.start()]
+        ceiling: subprocess.Popen[bytes] | None = None
         try:
             while await a.status() is None:  # a makes the SQLite event store, then b starts
                 assert a.alive, a.log_text()[-2000:]
@@ -225,6 +254,24 @@ async def main(args: argparse.Namespace) -> None:
                     (other[owner_port[k]], k, True) for k in keys
                 ]
                 await check_values(http, asks, expected)
+                async with http.get(
+                    f"http://127.0.0.1:{a.port}/tables/order_status/{keys[0]}"
+                ) as r:
+                    body = await r.text()
+            ceiling_port = free_port()
+            ceiling = subprocess.Popen(  # noqa: ASYNC220 (started once, before the runs)
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "views_ceiling.py"),
+                    "--port",
+                    str(ceiling_port),
+                    "--body",
+                    body,
+                    "--event-loop",
+                    args.event_loop,
+                ]
+            )
+            await until_answers(ceiling_port, keys[0])
             on_a = sum(1 for k in keys if owner_port[k] == a.port)
             print(f"{ns}: {on_a} keys on A, {len(keys) - on_a} on B", flush=True)
             # the paths each worker is asked in each mode
@@ -240,6 +287,7 @@ async def main(args: argparse.Namespace) -> None:
             for port in (a.port, b.port):  # warm-up: connections, caches
                 for mode in MODES:
                     wrk(f"http://127.0.0.1:{port}", paths[port, mode], top, 1)
+            wrk(f"http://127.0.0.1:{ceiling_port}", paths[a.port, "local"], top, 1)
             assert a.proc is not None
             idle = cpu_s(a.proc.pid)
             await asyncio.sleep(IDLE_S)
@@ -263,6 +311,21 @@ async def main(args: argparse.Namespace) -> None:
                             "(asked + owner)",
                             flush=True,
                         )
+                    fig = wrk(
+                        f"http://127.0.0.1:{ceiling_port}",
+                        paths[asked.port, "local"],
+                        conc,
+                        args.seconds,
+                        (ceiling.pid,),
+                    )
+                    fig["worker"] = CEILING
+                    results.setdefault((CEILING, conc), []).append(fig)
+                    print(
+                        f"round {rnd + 1} {CEILING} c={conc}: p50 {fig['p50_ms']:.3f} ms, "
+                        f"p99 {fig['p99_ms']:.3f} ms, {fig['rps']:,.0f} req/s, "
+                        f"CPU per request {fig['cpu_us'][0]:.0f} µs",
+                        flush=True,
+                    )
             loads["after"] = [round(x, 2) for x in os.getloadavg()]
             if args.profile is not None:
                 assert a.proc is not None
@@ -274,6 +337,9 @@ async def main(args: argparse.Namespace) -> None:
             for w in workers:
                 assert w.alive, w.log_text()[-2000:]
         finally:
+            if ceiling is not None:
+                ceiling.terminate()
+                ceiling.wait(timeout=30)
             for w in workers:
                 if w.alive:
                     w.stop()
