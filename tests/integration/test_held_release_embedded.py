@@ -1,12 +1,12 @@
 """``streamapp store parked release`` and ``store parked skip`` in the embedded mode
 (``STREAMAPP_BROKER=none``, SQLite) with a real worker: three streams held among twenty;
-``parked list --held`` shows them; ``release --stream A --dry-run`` sends nothing,
-``release --stream A`` releases A alone; ``skip --stream B --event ID --yes`` leaves B's
-poison out on purpose (recorded, counted) and releases the rest of B; neither moves the
-replay mark, so a later ``store parked replay`` still sends C's rows and releases C. A
-stream D held after that is released by ``store parked release --all`` (its rows alone:
-the others were sent back before). ``parked release`` (the broker form) names the store
-form.
+``parked list --held`` shows them, ``streamapp tables`` counts them; ``release --stream
+A --dry-run`` sends nothing, ``release --stream A`` releases A alone; ``skip --stream B
+--event ID --yes`` leaves B's poison out on purpose (recorded, counted) and releases the
+rest of B; neither moves the replay mark, so a later ``store parked replay`` still sends
+C's rows and releases C. A stream D held after that is released by ``store parked
+release --all`` (its rows alone: the others were sent back before). ``parked release``
+(the broker form) names the store form.
 """
 
 from __future__ import annotations
@@ -98,6 +98,12 @@ async def test_release_one_stream_skip_an_event_and_keep_the_replay_mark(
         lines = sorted(listed.stdout.splitlines())
         assert [line.split("\t")[0] for line in lines] == sorted([a, b, c])
         assert all("held from 2, 2 events" in line for line in lines), lines
+        status = await worker.status()
+        assert status is not None
+        tables = cli("tables")
+        assert tables.stdout.rstrip().endswith(
+            f", 3 held streams of agent apply (6 events; worker {status['worker']}: 3)"
+        ), tables.stdout
         gate.unlink()  # the handler is fixed
 
         broker_form = cli("parked", "release", "--topic", f"{ns}hs-moves.parked", "--all")

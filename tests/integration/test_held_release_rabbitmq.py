@@ -1,10 +1,11 @@
-"""``streamapp parked release`` on real RabbitMQ with a real worker: of three held
-streams, the one named by ``--stream`` is released (its messages leave the parking
-queues); the others' messages stay queued, in order; ``parked list --held`` shows those
-two; ``skip --stream B --event ID --yes`` takes B's messages alone, leaves B's poison
-out on purpose (recorded, counted) and releases the rest of B; ``release --all
---dry-run`` sends nothing and leaves C's queued, ``release --all`` sends them and
-releases C, and takes every held message (a ``parked replay`` after it finds none)."""
+"""``streamapp parked release`` on real RabbitMQ with a real worker: of three held streams,
+the one named by ``--stream`` is released (its messages leave the parking queues); the
+others' messages stay queued, in order; ``parked list --held`` shows those two and
+``streamapp tables`` counts them; ``skip --stream B --event ID --yes`` takes B's
+messages alone, leaves B's poison out on purpose (recorded, counted) and releases the
+rest of B; ``release --all --dry-run`` sends nothing and leaves C's queued, ``release
+--all`` sends them and releases C, and takes every held message (a ``parked replay``
+after it finds none)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,12 @@ async def test_release_one_held_stream_skip_an_event_then_release_all(
         listed = sorted(cli("parked", "list", "--held").splitlines())
         assert [line.split("\t")[0] for line in listed] == [b, c]
         assert all("held from 2, 3 events" in line for line in listed), listed
+        status = await worker.status()
+        assert status is not None
+        (line,) = cli("tables").splitlines()
+        assert line.endswith(
+            f", 2 held streams of agent apply (6 events; worker {status['worker']}: 2)"
+        ), line
 
         gate.touch()  # b's poison can never be applied: skip it, on purpose
         (poison,) = [e for e in sent if e.stream_id == b and e.stream_version == 2]
