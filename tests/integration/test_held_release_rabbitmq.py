@@ -1,11 +1,12 @@
 """``streamapp parked release`` on real RabbitMQ with a real worker: of three held streams,
-the one named by ``--stream`` is released (its messages leave the parking queues); the
-others' messages stay queued, in order; ``parked list --held`` shows those two and
-``streamapp tables`` counts them; ``skip --stream B --event ID --yes`` takes B's
-messages alone, leaves B's poison out on purpose (recorded, counted) and releases the
-rest of B; ``release --all --dry-run`` sends nothing and leaves C's queued, ``release
---all`` sends them and releases C, and takes every held message (a ``parked replay``
-after it finds none)."""
+the one named by ``--stream`` is released while the handler still fails (its head fails
+again and holds it again, its messages parked again, not counted twice), then once it is
+fixed (its messages leave the parking queues); the others' messages stay queued, in
+order; ``parked list --held`` shows those two and ``streamapp tables`` counts them;
+``skip --stream B --event ID --yes`` takes B's messages alone, leaves B's poison out on
+purpose (recorded, counted) and releases the rest of B; ``release --all --dry-run``
+sends nothing and leaves C's queued, ``release --all`` sends them and releases C, and
+takes every held message (a ``parked replay`` after it finds none)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from streamapp import Event
 from tests.apps.held_app import fold
 from tests.conftest import Services
-from tests.support.waits import run_watched
+from tests.support.waits import run_watched, until
 
 from .harness import ROOT, WorkerProc, app_env, streamapp_cmd, wait_ready
 from .held_world import read, send, wait_held
@@ -76,8 +77,22 @@ async def test_release_one_held_stream_skip_an_event_then_release_all(
         await wait_ready(worker)
         await send(services.amqp, source, sent)
         await wait_held(worker, 3, 9)
-        gate.unlink()
         parking = f"{source}.parked"
+        # Released before the handler is fixed: a's 2 fails again and holds a again from
+        # it, its copies parked again in order, its held events not counted twice.
+        assert "sent 3 held records back" in cli(
+            "parked", "release", "--topic", parking, "--stream", a
+        )
+        again = f"agent apply: stream {a!r} is held from 2 "
+        await until(
+            lambda: worker.log_text().count(again) == 2,
+            what=f"{a} held again from 2",
+            progress=worker.log_size,
+            stalled_s=60,
+        )
+        await wait_held(worker, 3, 9)
+        assert (await read(worker, [a]))[a][1] == "2"
+        gate.unlink()
         assert "dry run: would send 3 held records back" in cli(
             "parked", "release", "--topic", parking, "--stream", a, "--dry-run"
         )
