@@ -13,16 +13,18 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import orjson
 
 from streamapp import App, Event
 from streamapp.codecs import amqp as codec
 from streamapp.transports.rabbitmq.sink import RabbitSink
 from streamapp.web.held import HELD_HEADER
 from tests.apps.held_app import fold
-from tests.support.waits import frozen, until
+from tests.support.waits import frozen, run_watched, until
 
-from .harness import WorkerProc, alive
+from .harness import ROOT, WorkerProc, alive, app_env, append_to_store, streamapp_cmd
 
+APP = "tests.apps.held_app:app"
 STREAMS = 1000
 POISONED = tuple(f"acct-{i}" for i in (150, 350, 500, 650, 850))
 
@@ -123,23 +125,83 @@ def held_counts(status: dict[str, Any] | None) -> tuple[int, int] | None:
     return agent["held_streams"], agent["held_events"]
 
 
+async def held_metrics(worker: WorkerProc) -> tuple[float, float] | None:
+    """``streamapp_held_streams`` and ``streamapp_held_events`` of agent ``apply`` in
+    ``worker``'s /metrics (None: no answer, or the agent is not there)."""
+    found: dict[str, float] = {}
+    try:
+        async with (
+            aiohttp.ClientSession(headers=worker.auth) as http,
+            http.get(f"http://127.0.0.1:{worker.port}/metrics") as r,
+        ):
+            text = await r.text()
+    except aiohttp.ClientError:
+        return None
+    for line in text.splitlines():
+        for name in ("streamapp_held_streams", "streamapp_held_events"):
+            if line.startswith(f'{name}{{agent="apply"}} '):
+                found[name] = float(line.rsplit(" ", 1)[1])
+    if len(found) < 2:
+        return None
+    return found["streamapp_held_streams"], found["streamapp_held_events"]
+
+
 async def wait_held(worker: WorkerProc, streams: int, events: int) -> None:
-    """Until ``worker``'s /status counts ``streams`` held streams holding ``events``."""
-    seen: list[Any] = [None]
+    """Until ``worker``'s /status and /metrics (``streamapp_held_streams``,
+    ``streamapp_held_events``) count ``streams`` held streams holding ``events``; then
+    its ``/readyz`` must be ready: held streams are not the worker's health."""
+    seen: list[Any] = [None, None]
 
     async def check() -> bool:
         alive([worker])
         seen[0] = held_counts(await worker.status())
-        return seen[0] == (streams, events)
+        seen[1] = await held_metrics(worker)
+        return seen[0] == (streams, events) and seen[1] == (streams, events)
 
     await until(
         check,
-        what=f"{streams} held streams, {events} held events",
-        progress=lambda: seen[0],
+        what=f"{streams} held streams, {events} held events (/status and /metrics)",
+        progress=lambda: tuple(seen),
         stalled_s=60,
         poll_s=0.3,
-        detail=lambda: (seen[0], worker.log_text()[-2000:]),
+        detail=lambda: (seen, worker.log_text()[-2000:]),
     )
+    async with (
+        aiohttp.ClientSession(headers=worker.auth) as http,
+        http.get(f"http://127.0.0.1:{worker.port}/readyz") as r,
+    ):
+        assert r.status == 200, (r.status, await r.text())
+
+
+async def held_meta(worker: WorkerProc, key: str) -> dict[str, Any]:
+    """Key ``key``'s ``?meta=1`` answer, which must say its stream is held, with the
+    header; the ``"held"`` object."""
+    url = f"http://127.0.0.1:{worker.port}/tables/balances/{key}?meta=1"
+    async with aiohttp.ClientSession(headers=worker.auth) as http, http.get(url) as r:
+        assert r.status == 200, (key, r.status, await r.text())
+        body: dict[str, Any] = await r.json()
+        assert r.headers.get(HELD_HEADER) == str(body["held"]["first"]), (r.headers, body)
+    held: dict[str, Any] = body["held"]
+    assert held["stream"] == key, body
+    assert "poison: the handler cannot apply it yet" in held["error"], body
+    return held
+
+
+def verify(worker: WorkerProc, env: dict[str, str], store: str) -> dict[str, Any]:
+    """``streamapp verify`` of table ``balances`` against ``worker``'s views: every stream
+    of the event store at ``store`` rebuilt from scratch by the (fixed) handler and
+    compared, key by key, with the live table; must find every one equal."""
+    out = run_watched(
+        streamapp_cmd(
+            "verify", "-A", APP, "balances", "--url", f"http://127.0.0.1:{worker.port}", "--json"
+        ),
+        env=app_env(worker.bootstrap, worker.namespace, **(env | {"STREAMAPP_EVENT_STORE": store})),
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    result: dict[str, Any] = orjson.loads(out.stdout.splitlines()[-1])
+    assert result["differ"] == result["missing"] == 0, result
+    return result
 
 
 async def send(amqp: str, topic: str, events: list[Event]) -> None:
@@ -153,6 +215,13 @@ async def send(amqp: str, topic: str, events: list[Event]) -> None:
             await sink.publish(topic, value, key=key, headers=headers)
     finally:
         await sink.stop()
+
+
+async def publish(amqp: str, store: str, topic: str, events: list[Event]) -> None:
+    """Append ``events`` to the event store at ``store``, then publish them to RabbitMQ
+    topic ``topic`` in the same order: what the app's forwarder does."""
+    await append_to_store(store, events)
+    await send(amqp, topic, events)
 
 
 async def wait_killed(worker: WorkerProc) -> None:

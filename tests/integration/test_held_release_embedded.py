@@ -1,10 +1,12 @@
 """``streamapp store parked release`` and ``store parked skip`` in the embedded mode
 (``STREAMAPP_BROKER=none``, SQLite) with a real worker: three streams held among twenty;
-``release --stream A --dry-run`` sends nothing, ``release --stream A`` releases A alone;
-``skip --stream B --event ID --yes`` leaves B's poison out on purpose (recorded, counted)
-and releases the rest of B; neither moves the replay mark, so a later ``store parked
-replay`` still sends C's rows and releases C. ``parked release`` (the broker form) names
-the store form.
+``parked list --held`` shows them, ``streamapp tables`` counts them; ``release --stream
+A --dry-run`` sends nothing, ``release --stream A`` releases A alone; ``skip --stream B
+--event ID --yes`` leaves B's poison out on purpose (recorded, counted) and releases the
+rest of B; neither moves the replay mark, so a later ``store parked replay`` still sends
+C's rows and releases C. A stream D held after that is released by ``store parked
+release --all`` (its rows alone: the others were sent back before). ``parked release``
+(the broker form) names the store form.
 """
 
 from __future__ import annotations
@@ -91,6 +93,17 @@ async def test_release_one_stream_skip_an_event_and_keep_the_replay_mark(
     try:
         await wait_ready(worker)
         await wait_held(worker, 3, 6)
+        listed = cli("parked", "list", "--held")
+        assert listed.returncode == 0, listed.stderr
+        lines = sorted(listed.stdout.splitlines())
+        assert [line.split("\t")[0] for line in lines] == sorted([a, b, c])
+        assert all("held from 2, 2 events" in line for line in lines), lines
+        status = await worker.status()
+        assert status is not None
+        tables = cli("tables")
+        assert tables.stdout.rstrip().endswith(
+            f", 3 held streams of agent apply (6 events; worker {status['worker']}: 3)"
+        ), tables.stdout
         gate.unlink()  # the handler is fixed
 
         broker_form = cli("parked", "release", "--topic", f"{ns}hs-moves.parked", "--all")
@@ -133,6 +146,25 @@ async def test_release_one_stream_skip_an_event_and_keep_the_replay_mark(
         assert replay.returncode == 0, replay.stderr
         assert "sent 2 parked rows back" in replay.stdout, replay.stdout
         await wait_held(worker, 0, 0)
+
+        gate.touch()
+        d = "late"
+        late = [
+            Event.create(
+                "poison" if v == 2 else "moved", stream_id=d, data={"amount": v}, version=v
+            )
+            for v in (1, 2, 3)
+        ]
+        await append_to_store(url, late)
+        sent += late
+        await wait_held(worker, 1, 2)
+        gate.unlink()
+        every = cli("store", "parked", "release", "--all")
+        assert every.returncode == 0, every.stderr
+        assert "sent 2 held rows back" in every.stdout, every.stdout  # d's alone
+        assert every.stdout.count(f"stream {d})") == 2
+        await wait_held(worker, 0, 0)
+        streams.append(d)
         got = await read(worker, streams)
         assert got == {s: (folded(s, skip=2 if s == b else None), None) for s in streams}
         status = await worker.status()

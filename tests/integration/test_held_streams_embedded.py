@@ -6,7 +6,8 @@ The store is the live source; a held stream's events are parked as rows of the s
 ``kill -9`` during the hold and one during the release (SIGKILL at the first held event
 the fixed handler applies) resume from the store's
 checkpoint (the holds are in it); with live events of the held streams during the
-release, one ``store parked replay`` leaves every stream equal to the fixed handler's fold.
+release, one ``store parked replay`` leaves every stream equal to the fixed handler's fold
+and to ``streamapp verify``'s rebuild of every stream from the store.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from .held_world import (
     POISONED,
     events,
     expected,
+    held_meta,
     later,
+    verify,
     wait_held,
     wait_killed,
     wait_table,
@@ -88,6 +91,7 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         sent += live
         await wait_held(second, 5, 15)
         await wait_table(second, expected(sent, held=True), set(POISONED))
+        assert (await held_meta(second, POISONED[0]))["events"] == 3
     finally:
         second.kill()  # kill -9 during the hold, again
 
@@ -114,6 +118,7 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         await wait_ready(third)
         await wait_held(third, 0, 0)  # one replay: the live events came behind the held
         await wait_table(third, expected(sent, held=False), set())
+        assert verify(third, env, url)["checked"] == len(expected(sent, held=False))
         log = third.log_text()
         assert "is released: its held events are applied, in order" in log
         assert "moved on while it was held" not in log

@@ -10,7 +10,9 @@ arrive: one on the topic ahead of the events sent back (the next worker parks it
 the hold after the replay read the parking topic, so no replay sends it: the lane's own
 copy does), one while the replay sends. That worker is killed (SIGKILL, by the handler
 itself) at the first held event it applies; with no second replay, every stream then
-equals the fixed handler's fold from scratch (``tests/integration/held_world.py``).
+equals the fixed handler's fold from scratch (``tests/integration/held_world.py``), and
+``streamapp verify``'s rebuild of every stream from an event store holding the events
+produced (the app's topic is fed directly here: the store is the test's, from scratch).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .harness import (
     ROOT,
     WorkerProc,
     app_env,
+    append_to_store,
     create_topics,
     produce,
     streamapp_cmd,
@@ -40,7 +43,9 @@ from .held_world import (
     STREAMS,
     events,
     expected,
+    held_meta,
     later,
+    verify,
     wait_held,
     wait_killed,
     wait_table,
@@ -101,6 +106,7 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         await wait_held(second, 5, 15)  # parked behind, not applied
         await wait_caught_up(kafka_bootstrap, group, source, 60, [second])
         await wait_table(second, expected(sent, held=True), set(POISONED))
+        assert (await held_meta(second, POISONED[0]))["events"] == 3
         assert await topic_size(kafka_bootstrap, parking) == 15
     finally:
         second.kill()  # kill -9 during the hold, again
@@ -132,6 +138,9 @@ async def test_held_streams_are_exact_through_kill_9_and_released_in_order(
         await wait_held(third, 0, 0)
         await wait_table(third, expected(sent, held=False), set())
         assert len(expected(sent, held=False)) == STREAMS
+        scratch = f"sqlite:///{tmp_path / 'truth.db'}"  # the events produced, as a store
+        await append_to_store(scratch, sent)
+        assert verify(third, env, scratch)["checked"] == STREAMS
         log = third.log_text()
         assert "is released: its held events are applied, in order" in log
         assert "moved on while it was held" not in log
