@@ -10,6 +10,9 @@ counts (1,000 and 10,000 orders) times two payloads (``standard`` data of 51 byt
 
 (the 1 KB workloads with fewer rivals), the order_status projection in each contender, in
 rounds that alternate the contenders (the order rotates every round), on the same data.
+``streamapp traced`` is streamapp with OpenTelemetry tracing on, its spans dropped by an
+exporter to nowhere (the otel extra): beside the ``streamapp`` row (tracing off), what
+tracing costs.
 The raw aiokafka consumer runs twice: ``raw-default`` (aiokafka's fetch defaults) and
 ``raw-tuned`` (``raw_consumer.TUNED``), the client's ceiling, which every "/ raw-tuned"
 ratio is taken against. ``quix-equal-freshness`` is Quix with ``commit_interval`` set to
@@ -82,7 +85,7 @@ class Contender:
     ``fetch`` to the raw consumer or streamapp (``default``, ``tuned`` or ``k=v,...``)."""
 
     name: str
-    kind: str  # raw | streamapp[-uvloop|-dict|-typed] | quix | faust | bytewax
+    kind: str  # raw | streamapp[-uvloop|-dict|-typed|-traced] | quix | faust | bytewax
     flags: tuple[str, ...] = ()
     fetch: str = "default"
     equal_freshness: bool = False
@@ -104,6 +107,9 @@ CEILING = RAW_TUNED.name
 STREAMAPP = Contender("streamapp", "streamapp")
 UVLOOP_CONTENDER = Contender("streamapp uvloop", "streamapp-uvloop")
 """streamapp with setting event_loop="uvloop" (the uvloop extra)."""
+TRACED_CONTENDER = Contender("streamapp traced", "streamapp-traced")
+"""streamapp with tracing on (the otel extra), every span made, batched and dropped by an
+exporter to nowhere: tracing's own cost, beside streamapp's row (off)."""
 QUIX_EOS = Contender("Quix exactly-once", "quix", ("--exactly-once",))
 QUIX_ALO = Contender("Quix at-least-once", "quix")
 QUIX_EQUAL_EOS = Contender(
@@ -123,6 +129,7 @@ WORKLOADS = (
             RAW_DEFAULT,
             RAW_TUNED,
             STREAMAPP,
+            TRACED_CONTENDER,
             UVLOOP_CONTENDER,
             QUIX_EOS,
             QUIX_ALO,
@@ -139,6 +146,7 @@ WORKLOADS = (
             RAW_DEFAULT,
             RAW_TUNED,
             STREAMAPP,
+            TRACED_CONTENDER,
             UVLOOP_CONTENDER,
             QUIX_ALO,
             QUIX_EOS,
@@ -165,7 +173,9 @@ WORKLOADS = (
         (RAW_DEFAULT, RAW_TUNED, STREAMAPP, QUIX_ALO, QUIX_EQUAL_ALO, BYTEWAX_RECOVERY),
     ),
 )
-OWN_KINDS = ("streamapp", "streamapp-uvloop", "streamapp-dict", "streamapp-typed")
+OWN_KINDS = (
+    "streamapp", "streamapp-uvloop", "streamapp-dict", "streamapp-typed", "streamapp-traced"
+)  # fmt: skip
 
 
 def chosen_workloads(args: argparse.Namespace) -> tuple[Workload, ...]:
