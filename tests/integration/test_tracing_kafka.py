@@ -268,6 +268,7 @@ async def test_a_view_lookup_forwarded_to_the_owner_carries_the_trace_context(
         await create_app_topics(first, first.settings())
         await _send(kafka_bootstrap, f"{ns}in", [Event.create("e", stream_id=k) for k in keys])
         a, b = Worker(first, first.settings()), Worker(second, second.settings())
+        a.id, b.id = f"{a.id}-a", f"{b.id}-b"  # one process: the members topic keys by id
         await a.start()
         try:
             await b.start()
@@ -285,17 +286,20 @@ async def test_a_view_lookup_forwarded_to_the_owner_carries_the_trace_context(
                 key = next(k for k in keys if topic.partition_of(k.encode()) in theirs)
                 url = f"http://127.0.0.1:{a.web_port}/tables/counts/{key}"
 
+                last: list[object] = []
                 async with aiohttp.ClientSession() as http:
 
                     async def answered() -> bool:
                         spans.clear()
                         async with http.get(url, headers={"traceparent": PARENT}) as r:
+                            last[:] = [r.status, dict(r.headers), await r.text()]
                             return r.status == 200 and "X-Streamapp-Forwarded-To" in r.headers
 
                     await until(
                         answered,
                         what=f"{key} answered by its owner through worker a",
                         progress=_progress(spans, a, b),
+                        detail=lambda: last,
                     )
             finally:
                 await b.stop()
