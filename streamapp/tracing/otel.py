@@ -236,8 +236,7 @@ class OtelLaneTrace:
         self._span = None
         try:
             outcome = result.outcome.value
-            span.set_attribute("streamapp.outcome", outcome)
-            span.set_attribute("streamapp.settled", settled)
+            span.set_attributes({"streamapp.outcome": outcome, "streamapp.settled": settled})
             if result.error is not None:
                 span.record_exception(result.error)
             if outcome in FAILED:
