@@ -44,7 +44,7 @@ contender and workload) and prints the tables. ``--quick`` is a smoke run (a few
 events, one round; files named ``...-quick``). Not a test: nothing asserts a timing.
 
     scripts/bench [--quick] [--rounds 3] [--events 100000] [--parts throughput,latency,...]
-                  [--workloads 1k-orders-exactly-once,...] [--publish]
+                  [--workloads 1k-orders-exactly-once,...] [--contenders NAME,...] [--publish]
 """
 
 from __future__ import annotations
@@ -179,8 +179,16 @@ OWN_KINDS = (
 
 
 def chosen_workloads(args: argparse.Namespace) -> tuple[Workload, ...]:
-    """The workloads of ``--workloads``, with ``--streamapp-fetch``'s extra contender."""
+    """The workloads of ``--workloads``, with ``--streamapp-fetch``'s extra contender,
+    each with only the contenders of ``--contenders`` when it names some."""
     chosen = [w for w in WORKLOADS if w.key in args.workloads]
+    if getattr(args, "contenders", None):
+        chosen = [
+            dataclasses.replace(
+                w, contenders=tuple(c for c in w.contenders if c.name in args.contenders)
+            )
+            for w in chosen
+        ]
     if not args.streamapp_fetch:
         return tuple(chosen)
     extra = Contender("streamapp fetch-tuned", "streamapp", fetch=args.streamapp_fetch)
@@ -458,6 +466,12 @@ async def main() -> None:
     keys = ",".join(w.key for w in WORKLOADS)
     parser.add_argument("--workloads", default=keys, help="throughput: comma list of " + keys)
     parser.add_argument(
+        "--contenders",
+        default="",
+        help="throughput: only these contenders (comma list of names, e.g. "
+        "'streamapp,streamapp traced' for tracing off and on); default: every one",
+    )
+    parser.add_argument(
         "--streamapp-fetch",
         default="",
         help="also run 'streamapp fetch-tuned': streamapp with these aiokafka fetch settings "
@@ -490,6 +504,10 @@ async def main() -> None:
     if unknown := set(args.parts) - set(PARTS):
         parser.error(f"unknown --parts {sorted(unknown)}; choose from {','.join(PARTS)}")
     args.workloads = [w for w in args.workloads.split(",") if w]
+    args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    names = {c.name for w in WORKLOADS for c in w.contenders}
+    if unknown := set(args.contenders) - names:
+        parser.error(f"unknown --contenders {sorted(unknown)}; choose from {sorted(names)}")
     if unknown := set(args.workloads) - {w.key for w in WORKLOADS}:
         parser.error(f"unknown --workloads {sorted(unknown)}; choose from {keys}")
     try:
@@ -498,6 +516,8 @@ async def main() -> None:
         parser.error(f"--streamapp-fetch: {exc}")
     if args.publish and args.quick:
         parser.error("--publish: a --quick run is a smoke run, never published")
+    if args.publish and args.contenders:
+        parser.error("--publish: a run of some contenders (--contenders) is never published")
     args.loads = {}
 
     settled = settle(args.settle_s) if args.settle_s > 0 else 0.0
