@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from opentelemetry import trace
@@ -365,3 +366,24 @@ async def test_a_forwarded_view_lookup_carries_the_trace_context(
     assert {trace_id(s) for s in (first, client, at_owner)} == {int(TRACE, 16)}
     assert (client.attributes or {})["http.response.status_code"] == 200
     assert (at_owner.attributes or {})["http.route"] == "/tables/{table}/{key}"
+
+
+def test_store_append_is_a_span_and_stamps_the_lines_without_a_context(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from streamapp.cli import main
+    from streamapp.codecs.structured import to_json
+
+    env = {"STREAMAPP_EVENT_STORE": f"sqlite:///{tmp_path}/events.db"}
+    lines = [to_json(_event("given")), to_json(_event("plain", parent=None))]
+    appended = CliRunner().invoke(
+        main, ["store", "append", "-A", "agents.orders:app", "-"], input=b"\n".join(lines), env=env
+    )
+    assert appended.exit_code == 0, appended.output
+    read = CliRunner().invoke(main, ["store", "read", "-A", "agents.orders:app"], env=env)
+    stored = {e["id"]: e for e in (orjson.loads(x)["event"] for x in read.stdout.splitlines())}
+    (append,) = named(spans, "append")
+    assert stored["given"]["traceparent"] == PARENT
+    assert stored["plain"]["traceparent"] == traceparent(append)
