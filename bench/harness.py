@@ -10,6 +10,9 @@ counts (1,000 and 10,000 orders) times two payloads (``standard`` data of 51 byt
 
 (the 1 KB workloads with fewer rivals), the order_status projection in each contender, in
 rounds that alternate the contenders (the order rotates every round), on the same data.
+``streamapp traced`` is streamapp with OpenTelemetry tracing on, its spans dropped by an
+exporter to nowhere (the otel extra): beside the ``streamapp`` row (tracing off), what
+tracing costs.
 The raw aiokafka consumer runs twice: ``raw-default`` (aiokafka's fetch defaults) and
 ``raw-tuned`` (``raw_consumer.TUNED``), the client's ceiling, which every "/ raw-tuned"
 ratio is taken against. ``quix-equal-freshness`` is Quix with ``commit_interval`` set to
@@ -41,7 +44,7 @@ contender and workload) and prints the tables. ``--quick`` is a smoke run (a few
 events, one round; files named ``...-quick``). Not a test: nothing asserts a timing.
 
     scripts/bench [--quick] [--rounds 3] [--events 100000] [--parts throughput,latency,...]
-                  [--workloads 1k-orders-exactly-once,...] [--publish]
+                  [--workloads 1k-orders-exactly-once,...] [--contenders NAME,...] [--publish]
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ class Contender:
     ``fetch`` to the raw consumer or streamapp (``default``, ``tuned`` or ``k=v,...``)."""
 
     name: str
-    kind: str  # raw | streamapp[-uvloop|-dict|-typed] | quix | faust | bytewax
+    kind: str  # raw | streamapp[-uvloop|-dict|-typed|-traced] | quix | faust | bytewax
     flags: tuple[str, ...] = ()
     fetch: str = "default"
     equal_freshness: bool = False
@@ -104,6 +107,9 @@ CEILING = RAW_TUNED.name
 STREAMAPP = Contender("streamapp", "streamapp")
 UVLOOP_CONTENDER = Contender("streamapp uvloop", "streamapp-uvloop")
 """streamapp with setting event_loop="uvloop" (the uvloop extra)."""
+TRACED_CONTENDER = Contender("streamapp traced", "streamapp-traced")
+"""streamapp with tracing on (the otel extra), every span made, batched and dropped by an
+exporter to nowhere: tracing's own cost, beside streamapp's row (off)."""
 QUIX_EOS = Contender("Quix exactly-once", "quix", ("--exactly-once",))
 QUIX_ALO = Contender("Quix at-least-once", "quix")
 QUIX_EQUAL_EOS = Contender(
@@ -123,6 +129,7 @@ WORKLOADS = (
             RAW_DEFAULT,
             RAW_TUNED,
             STREAMAPP,
+            TRACED_CONTENDER,
             UVLOOP_CONTENDER,
             QUIX_EOS,
             QUIX_ALO,
@@ -139,6 +146,7 @@ WORKLOADS = (
             RAW_DEFAULT,
             RAW_TUNED,
             STREAMAPP,
+            TRACED_CONTENDER,
             UVLOOP_CONTENDER,
             QUIX_ALO,
             QUIX_EOS,
@@ -165,12 +173,22 @@ WORKLOADS = (
         (RAW_DEFAULT, RAW_TUNED, STREAMAPP, QUIX_ALO, QUIX_EQUAL_ALO, BYTEWAX_RECOVERY),
     ),
 )
-OWN_KINDS = ("streamapp", "streamapp-uvloop", "streamapp-dict", "streamapp-typed")
+OWN_KINDS = (
+    "streamapp", "streamapp-uvloop", "streamapp-dict", "streamapp-typed", "streamapp-traced"
+)  # fmt: skip
 
 
 def chosen_workloads(args: argparse.Namespace) -> tuple[Workload, ...]:
-    """The workloads of ``--workloads``, with ``--streamapp-fetch``'s extra contender."""
+    """The workloads of ``--workloads``, with ``--streamapp-fetch``'s extra contender,
+    each with only the contenders of ``--contenders`` when it names some."""
     chosen = [w for w in WORKLOADS if w.key in args.workloads]
+    if getattr(args, "contenders", None):
+        chosen = [
+            dataclasses.replace(
+                w, contenders=tuple(c for c in w.contenders if c.name in args.contenders)
+            )
+            for w in chosen
+        ]
     if not args.streamapp_fetch:
         return tuple(chosen)
     extra = Contender("streamapp fetch-tuned", "streamapp", fetch=args.streamapp_fetch)
@@ -448,6 +466,12 @@ async def main() -> None:
     keys = ",".join(w.key for w in WORKLOADS)
     parser.add_argument("--workloads", default=keys, help="throughput: comma list of " + keys)
     parser.add_argument(
+        "--contenders",
+        default="",
+        help="throughput: only these contenders (comma list of names, e.g. "
+        "'streamapp,streamapp traced' for tracing off and on); default: every one",
+    )
+    parser.add_argument(
         "--streamapp-fetch",
         default="",
         help="also run 'streamapp fetch-tuned': streamapp with these aiokafka fetch settings "
@@ -480,6 +504,10 @@ async def main() -> None:
     if unknown := set(args.parts) - set(PARTS):
         parser.error(f"unknown --parts {sorted(unknown)}; choose from {','.join(PARTS)}")
     args.workloads = [w for w in args.workloads.split(",") if w]
+    args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    names = {c.name for w in WORKLOADS for c in w.contenders}
+    if unknown := set(args.contenders) - names:
+        parser.error(f"unknown --contenders {sorted(unknown)}; choose from {sorted(names)}")
     if unknown := set(args.workloads) - {w.key for w in WORKLOADS}:
         parser.error(f"unknown --workloads {sorted(unknown)}; choose from {keys}")
     try:
@@ -488,6 +516,8 @@ async def main() -> None:
         parser.error(f"--streamapp-fetch: {exc}")
     if args.publish and args.quick:
         parser.error("--publish: a --quick run is a smoke run, never published")
+    if args.publish and args.contenders:
+        parser.error("--publish: a run of some contenders (--contenders) is never published")
     args.loads = {}
 
     settled = settle(args.settle_s) if args.settle_s > 0 else 0.0

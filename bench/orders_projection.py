@@ -10,7 +10,8 @@ two orders of magnitude slower, so it reads only the first ``--faust-events`` ev
     scripts/bench            # or: .venv/bin/python bench/orders_projection.py --events 100000
 
 ``--one streamapp`` is what bench/harness.py runs per streamapp round (one JSON line: the
-rate, the CPU time over the timed span, the per-partition commit cycle); ``--fetch``
+rate, the CPU time over the timed span, the per-partition commit cycle; ``--one
+streamapp-traced`` the same with tracing on, its spans dropped); ``--fetch``
 overrides the live consumer's fetch settings in that process (to try values before they
 become streamapp's defaults). ``--explore-fetch`` tries a few fetch settings once each on
 the raw consumer and on streamapp, both payloads (a quick exploration, not a figure).
@@ -162,6 +163,35 @@ async def project_typed(event: Event[Order], statuses: TableView[Any]) -> None:
         "total": (current["total"] if current else 0) + data.amount,
         "currency": data.currency,
     }
+
+
+def trace_to_nowhere() -> Any:
+    """Tracing on in this process (``--one streamapp-traced``): every span made and
+    batched as an exporter would get them (the SDK's batch span processor, its thread),
+    then dropped, so the figure is tracing's own cost, without an exporter's encoding and
+    network. Returns a function that flushes and gives the spans dropped (a check that
+    tracing was on: about one per event, plus one per commit)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from streamapp import tracing
+
+    class Nowhere(SpanExporter):
+        spans = 0
+
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            Nowhere.spans += len(spans)
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Nowhere()))
+    tracing.enable(provider)
+
+    def dropped() -> int:
+        provider.force_flush()
+        return Nowhere.spans
+
+    return dropped
 
 
 def cpu_now() -> float:
@@ -325,9 +355,12 @@ async def one(
         out = await raw_consumer.consume(bootstrap, topic, n_events, fetch)
     else:
         apply_fetch(fetch)
+        nowhere = trace_to_nowhere() if kind == "streamapp-traced" else None
         with tempfile.TemporaryDirectory(prefix="streamapp-bench-") as data_dir:
             out = await streamapp_worker(bootstrap, topic, n_events, n_orders, data_dir, kind)
         out["fetch"] = fetch
+        if nowhere is not None:
+            out["spans"] = nowhere()
     print(json.dumps(out), flush=True)
 
 
@@ -432,7 +465,14 @@ async def main() -> None:
     )
     parser.add_argument(
         "--one",
-        choices=("raw", "streamapp", "streamapp-uvloop", "streamapp-dict", "streamapp-typed"),
+        choices=(
+            "raw",
+            "streamapp",
+            "streamapp-uvloop",
+            "streamapp-dict",
+            "streamapp-typed",
+            "streamapp-traced",
+        ),
         help="one run over --topic",
     )
     parser.add_argument("--topic", help="with --one: an existing topic of --events events")

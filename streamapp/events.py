@@ -20,6 +20,10 @@ SPECVERSION = "1.0"
 REQUIRED = ("id", "source", "type", "specversion")
 OPTIONAL = ("subject", "time", "datacontenttype", "dataschema")
 CORE = frozenset(REQUIRED + OPTIONAL)
+TRACEPARENT, TRACESTATE = "traceparent", "tracestate"
+"""The CloudEvents distributed-tracing extension: the W3C trace context of the event's
+start (its append or send), kept unchanged along every hop (:mod:`streamapp.tracing`)."""
+TRACE_CONTEXT = frozenset({TRACEPARENT, TRACESTATE})
 
 
 D = TypeVar("D", default=Any)

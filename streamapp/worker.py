@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import tracing
 from .app import App
 from .catchup.feed import StoreFeed
 from .engine.assignment import LiveSource
@@ -155,7 +156,9 @@ class Worker:
     async def start(self) -> None:
         """Bind the views' port (fails fast when taken), connect the broker, open the
         store, check topics, join the group. Nothing is created on disk before the port
-        is bound and the broker answered."""
+        is bound and the broker answered. Tracing is decided first (``OTEL_*``: its
+        parts ask once, when made)."""
+        tracing.start(self.app.id)
         try:
             listening = self._bind()
             self._unwatch = watch_loop(self.settings.loop_stall_warn_ms, self.metrics)

@@ -12,7 +12,9 @@ the batch's commit:
 - the memory broker: appended to its in-memory topics.
 
 A derived event is a CloudEvent keyed by its stream id, on the partition the one
-partitioner gives it among the topic's declared partitions.
+partitioner gives it among the topic's declared partitions. With tracing on, a derived
+event without a trace context of its own gets its handler's: the span of the delivery
+that sent it (:mod:`streamapp.tracing`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import tracing
 from ..codecs import plain
 from ..errors import OutputError
 from ..events import Event
@@ -47,7 +50,9 @@ class Send:
     ``{topic}-delay`` until due, then republished to ``topic`` by the relay).
     """
 
-    __slots__ = ("_agent", "_encode", "_outbox", "_sinks", "_types", "clock", "delayed_policy")
+    __slots__ = (
+        "_agent", "_encode", "_outbox", "_sinks", "_trace", "_types", "clock", "delayed_policy"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -63,6 +68,8 @@ class Send:
         self._sinks = {spec.name: spec for spec in sinks}
         self.delayed_policy = "immediate"
         self.clock: Callable[[], float] = time.time
+        self._trace = tracing.active()
+        """Tracing on: a sent event without a trace context gets its handler's span's."""
 
     def __call__(
         self,
@@ -97,6 +104,8 @@ class Send:
                 f"agent {self._agent!r}: event {event.id} sent to {spec.name!r} has no stream "
                 "id (streamid or subject): it is the message key and picks the partition"
             )
+        if self._trace is not None:
+            event = self._trace.stamp(event, f"send {spec.name}")
         if spec.plain:
             try:
                 key, value, headers = plain.encode(spec, event)
@@ -163,6 +172,8 @@ class Send:
         if spec is None:
             raise OutputError(f"agent {self._agent!r} does not declare topic {topic.name!r}")
         raw = key.encode()
+        if self._trace is not None:
+            event = self._trace.stamp(event, f"send {spec.name}")
         _, value, headers = self._encode(event)
         self._outbox.add(Message(spec.name, value, raw, headers, spec.partition_of(raw)))
 

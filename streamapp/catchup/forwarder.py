@@ -7,6 +7,11 @@ the two publishes the chunk again: at-least-once, never a gap; consumers apply a
 once by its stream version. One forwarder of a store publishes at a time: the others wait
 on the store's forwarder lock and take over when its holder dies.
 
+With tracing on, each event published gets a span ``forward`` in its own trace (the
+``traceparent`` its append gave it), from the publish to the broker's confirm; the event
+goes out with its trace context unchanged (Kafka: the ``ce_traceparent`` and
+``ce_tracestate`` headers; RabbitMQ: ``cloudEvents_traceparent``, ``cloudEvents_tracestate``).
+
 Logs: a line when it takes the lock (and where it starts), one for its first chunk, then
 a summary every :data:`SUMMARY_EVERY_S` while it publishes (events, rate, position
 against the store's head, lag), and a line when it stops or loses the lock. Each chunk's
@@ -20,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from .. import tracing
 from ..agents.history import FromEventStore
 from ..app import App
 from ..engine.delivery import STORE_POSITION_HEADER
@@ -99,6 +105,8 @@ class Forwarder:
         self.pending_since: float | None = None
         """When (monotonic) this forwarder first read the event at its checkpoint and had
         not published it yet (None: none read): the floor of its lag in seconds."""
+        self.trace = tracing.active()
+        """Tracing on: a span ``forward`` per event published, in its event's trace."""
 
     async def run(self) -> None:
         """Wait for the lock, then forward until cancelled. A lock lost with its database
@@ -154,8 +162,10 @@ class Forwarder:
                     self.failures = 0  # caught up, the producer started: nothing failing
                     await asyncio.sleep(self.poll_interval_s)
                     continue
+                traced: list[tuple[Event, int]] | None = [] if self.trace is not None else None
+                started_ns = time.time_ns()
                 try:
-                    receipts = await sink.publish_many(self._messages(rows))
+                    receipts = await sink.publish_many(self._messages(rows, traced))
                 except PublishError as exc:
                     failures += 1
                     self.failures += 1
@@ -179,6 +189,8 @@ class Forwarder:
                 await state.save(position, offsets)
                 self.position, self.pending_since = position, None
                 self.forwarded += len(rows)
+                if self.trace is not None and traced is not None:
+                    self.trace.forwarded(traced, self.topics, started_ns)
                 summary.published(rows[0].position, rows[-1].position)
                 log.debug(
                     "forwarder %s published positions %d..%d (%d events); offsets %s",
@@ -199,10 +211,17 @@ class Forwarder:
             )
             await _stop(sink)
 
-    def _messages(self, rows: list[StoredEvent]) -> list[Message]:
+    def _messages(
+        self, rows: list[StoredEvent], traced: list[tuple[Event, int]] | None = None
+    ) -> list[Message]:
+        """Each row's event as a message to every topic (and into ``traced``, if given,
+        with its store position)."""
         out: list[Message] = []
         for row in rows:
-            key, value, headers = self.encode(row.event())
+            event = row.event()
+            if traced is not None:
+                traced.append((event, row.position))
+            key, value, headers = self.encode(event)
             headers = [*headers, (STORE_POSITION_HEADER, b"%d" % row.position)]
             out.extend(Message(topic, value, key, headers) for topic in self.topics)
         return out

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .. import logs
+from .. import logs, tracing
 from ..app import App
 from ..errors import ConfigError, StreamappError
 from ..settings.event_loop import run as run_loop
@@ -61,6 +61,7 @@ def forward(
         if web_port is not None:
             settings = settings.with_(forwarder_web_port=web_port)
         logs.configure(loglevel, settings.log_format)
+        tracing.start(app.id)
         topics = forwarded_topics(app, settings)
         make_sink, encode = forward_sink(app, settings)
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import orjson
 
+from .. import tracing
 from ..errors import StreamappError
 from ..topics import TopicRole
 from .main import _app_ref, app_option, load_app, main
@@ -51,12 +52,16 @@ def store_append(app_ref: str, source: Any, on_duplicate: str) -> None:
     Input stops at the first bad line (not JSON, not a CloudEvent, no stream id, version
     conflict): its line number and the reason are printed, nothing of it or after it is
     appended, every line before it stays appended, and the exit code is 1.
+
+    With tracing on (the OTEL_* variables, docs/tracing.md) each chunk appended is a
+    span, and an event without a trace context (traceparent) gets that span's.
     """
     from ..eventstore import open_store
     from ..eventstore.base import OnDuplicate
     from ..eventstore.lines import LinesReport, append_lines
 
     app = load_app(app_ref)
+    tracing.start(app.id)
 
     async def run() -> tuple[LinesReport, int]:
         es = await open_store(app.settings().event_store)

@@ -7,7 +7,9 @@ every attribute and extension is an application header named ``cloudEvents_<name
 ``time`` attribute as RFC 3339, not AMQP 1.0's timestamp). A structured-mode body
 (``content_type: application/cloudevents+json``) is accepted on input, and so is a body
 that is a JSON object carrying ``specversion`` on a message without ``cloudEvents_``
-headers or structured content type (:func:`streamapp.codecs.structured.sniff`).
+headers or structured content type (:func:`streamapp.codecs.structured.sniff`). The trace
+context (``cloudEvents_traceparent``, ``cloudEvents_tracestate``) is an extension like any
+other; a header of it that is not text is dropped and the event decoded without it.
 
 Here a message is a header list: the AMQP headers as ``(name, bytes)`` plus the
 ``content_type`` property as the pseudo-header ``content-type``, the one vocabulary of
@@ -22,7 +24,7 @@ from typing import Any, NoReturn
 import orjson
 
 from ..errors import DecodeError
-from ..events import Event
+from ..events import TRACE_CONTEXT, Event
 from ..records import Headers
 from . import structured
 from .data import encode_data, is_json_type
@@ -56,7 +58,7 @@ def decode(value: bytes | None, headers: Headers, *, parse_json: bool = True) ->
                 raise DecodeError(f"header {name!r} names no attribute")
             attrs[attr] = raw.decode()
     except (UnicodeDecodeError, AttributeError):
-        _bad_header(headers)
+        return decode(value, _readable(headers), parse_json=parse_json)
     if content_type is not None and content_type.lower().startswith(STRUCTURED):
         return _structured(content_type, value)
     if not attrs:
@@ -100,6 +102,31 @@ def _structured(content_type: str, value: bytes | None) -> Event:
     if not value:
         raise DecodeError("structured CloudEvent with an empty body")
     return structured.from_json(value)
+
+
+def _readable(headers: Headers) -> Headers:
+    """``headers`` less a trace context header (``cloudEvents_traceparent``,
+    ``cloudEvents_tracestate``) that is not UTF-8 text: a broken trace context is ignored,
+    never the event's failure. Raises the DecodeError naming any other unreadable header."""
+    kept = [(n, v) for n, v in headers if not _trace_header(n) or _is_text(v)]
+    if len(kept) == len(headers):
+        _bad_header(headers)
+    return kept
+
+
+def _trace_header(name: str) -> bool:
+    lname = name.lower()
+    return lname[:12] in PREFIXES and lname[12:] in TRACE_CONTEXT
+
+
+def _is_text(raw: bytes | None) -> bool:
+    if not isinstance(raw, bytes):
+        return False
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _bad_header(headers: Headers) -> NoReturn:

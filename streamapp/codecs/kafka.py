@@ -6,7 +6,10 @@ header never breaks a record), and the record key is never injected into the eve
 record with neither ``ce_`` headers nor a structured content type whose value is a JSON
 object carrying ``specversion`` is a structured event too: the CloudEvents SDK's
 ``cloudevents.v1.kafka.to_structured`` writes those (:func:`streamapp.codecs.structured.sniff`).
-Decoding raises :class:`DecodeError` with a reason; it never raises anything else.
+The trace context (``ce_traceparent``, ``ce_tracestate``: the distributed-tracing
+extension) is an extension like any other; a header of it that is not text is dropped and
+the event decoded without it. Decoding raises :class:`DecodeError` with a reason; it never
+raises anything else.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, NoReturn
 import orjson
 
 from ..errors import DecodeError
-from ..events import SPECVERSION, Event, build_event
+from ..events import SPECVERSION, TRACE_CONTEXT, Event, build_event
 from ..records import Headers
 from . import structured
 from .data import encode_data, is_json_type
@@ -49,7 +52,7 @@ def decode(
                 elif lname[:3] == "ce_":  # another case: the general path
                     return _decode_attributes(value, headers, parse_json)
     except (UnicodeDecodeError, AttributeError):
-        _bad_header(headers)
+        return decode(key, value, _readable(headers), parse_json=parse_json)
     event_id, source, type_, spec, subject, time, _, dataschema = core
     if not (event_id and source and type_ and spec == SPECVERSION) or (
         content_type is not None and content_type.lower().startswith(STRUCTURED)
@@ -114,7 +117,7 @@ def _decode_attributes(value: bytes | None, headers: Headers, parse_json: bool) 
             elif lname[:3] == "ce_":
                 attrs[lname[3:]] = raw.decode()
     except (UnicodeDecodeError, AttributeError):
-        _bad_header(headers)
+        return _decode_attributes(value, _readable(headers), parse_json)
     if content_type is not None and content_type.lower().startswith(STRUCTURED):
         return _structured(content_type, value)
     if not attrs:
@@ -157,6 +160,29 @@ def _structured(content_type: str, value: bytes | None) -> Event:
     if value is None:
         raise DecodeError("structured CloudEvent with an empty value")
     return structured.from_json(value)
+
+
+_TRACE_HEADERS = frozenset("ce_" + name for name in TRACE_CONTEXT)
+
+
+def _readable(headers: Headers) -> Headers:
+    """``headers`` less a trace context header (``ce_traceparent``, ``ce_tracestate``)
+    that is not UTF-8 text: a broken trace context is ignored, never the event's failure.
+    Raises the DecodeError naming any other unreadable header."""
+    kept = [(n, v) for n, v in headers if n.lower() not in _TRACE_HEADERS or _is_text(v)]
+    if len(kept) == len(headers):
+        _bad_header(headers)
+    return kept
+
+
+def _is_text(raw: bytes | None) -> bool:
+    if not isinstance(raw, bytes):
+        return False
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _bad_header(headers: Headers) -> NoReturn:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from ..errors import DecodeError
-from ..events import REQUIRED, SPECVERSION, Event, build_event
+from ..events import REQUIRED, SPECVERSION, TRACE_CONTEXT, Event, build_event
 
 
 def to_json(event: Event) -> bytes:
@@ -103,6 +103,8 @@ def from_dict(body: dict[str, Any]) -> Event:
     attrs: dict[str, str] = {}
     for name, val in body.items():
         if isinstance(val, (dict, list)) or val is None:
+            if name in TRACE_CONTEXT:
+                continue  # a broken trace context is ignored, never the event's failure
             raise DecodeError(f"attribute {name!r} must be a string, number or boolean")
         attrs[name] = val if isinstance(val, str) else orjson.dumps(val).decode()
     return from_attributes(attrs, data)

@@ -20,6 +20,7 @@ the thread is abandoned (logged): it ends when the handler returns.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import queue
@@ -31,7 +32,11 @@ from ..tables.store import reads_from_thread
 
 log = logging.getLogger("streamapp.agent")
 
-_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]", Callable[[], Any]]
+_Call = tuple[
+    asyncio.AbstractEventLoop, "asyncio.Future[None]", Callable[[], Any], contextvars.Context
+]
+"""A call for the thread: the caller's loop, its future, the call, and the caller's
+context variables (the handler sees its delivery's trace span, as ``to_thread`` would)."""
 
 
 class HandlerThread:
@@ -56,7 +61,7 @@ class HandlerThread:
             calls = self._calls = self._start()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        calls.put((loop, done, call))
+        calls.put((loop, done, call, contextvars.copy_context()))
         self.calls += 1
         try:
             await asyncio.shield(done)
@@ -92,22 +97,24 @@ def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
     own_loop: asyncio.AbstractEventLoop | None = None
     try:
         while (item := calls.get()) is not None:
-            loop, done, call = item
+            loop, done, call, context = item
             reads_from_thread(loop)
             error: BaseException | None = None
             try:
-                result = call()
+                result = context.run(call)
                 if inspect.isawaitable(result):  # an async handler declared blocking
                     if own_loop is None:
                         own_loop = asyncio.new_event_loop()
-                    own_loop.run_until_complete(_awaited(result))
+                    own_loop.run_until_complete(
+                        own_loop.create_task(_awaited(result), context=context)
+                    )
             except BaseException as exc:  # handed to the loop: the policy decides
                 error = exc
             try:
                 loop.call_soon_threadsafe(_settle, done, error)
             except RuntimeError:  # the worker's loop is closed: nobody waits any more
                 return
-            del item, call, error
+            del item, call, context, error
     finally:
         if own_loop is not None:
             own_loop.close()

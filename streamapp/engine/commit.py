@@ -45,6 +45,8 @@ class Commit:
     ) -> None:
         self.lanes, self.port, self.transaction = lanes, port, transaction
         self._publish, self.metrics = publish, metrics
+        self.trace = lanes[0].trace if lanes else None
+        """The span of each commit (its lanes share their task's): None, tracing off."""
 
     def ahead(self, settle: int) -> dict[str, int]:
         """Lanes whose position is beyond ``settle`` (kept with it by the transport)."""
@@ -60,6 +62,15 @@ class Commit:
         """Commit every lane's open batch, each with ``checkpoint(lane, current)``, and
         settle the source up to ``settle_at`` (None: a replayed batch, nothing to
         settle). Raises StoreBehindError when a store write failed after step 1."""
+        if self.trace is None:
+            await self._commit(settle_at, checkpoint)
+            return
+        with self.trace.committing(settle_at):
+            await self._commit(settle_at, checkpoint)
+
+    async def _commit(
+        self, settle_at: int | None, checkpoint: Callable[[Lane, Checkpoint], Checkpoint]
+    ) -> None:
         started = time.perf_counter()
         changes: list[tuple[Lane, BatchChanges]] = []
         for lane in self.lanes:

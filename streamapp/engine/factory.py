@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import tracing
 from ..agents.agent import Agent
 from ..agents.outputs import Encoder
 from ..codecs import plain
@@ -22,6 +23,7 @@ from ..tables.reads import Locator
 from ..tables.store import Store
 from ..tables.table import Table
 from ..topics import TopicSpec
+from ..tracing import Tracer
 from .attempts import Attempts
 from .delivery import Decoder, Parker
 from .interfaces import PartitionPort, Publish, TaskMetrics, Transaction
@@ -63,6 +65,8 @@ class TaskFactory:
     """The transport's decoder leaving JSON data as its bytes, for a topic whose every
     agent decodes data with its own models (``events=``): msgspec reads the bytes once,
     with no dict built between (None: the transport has none)."""
+    tracer: Tracer | None = field(default_factory=tracing.active)
+    """The process's tracer, asked once here (None: tracing off, nothing traced)."""
     _checked: set[tuple[str, bool]] = field(default_factory=set, compare=False, repr=False)
 
     def create(
@@ -100,12 +104,14 @@ class TaskFactory:
     def lanes(self, agents: Sequence[Agent], name: str, closing: asyncio.Event) -> list[Lane]:
         """A lane per agent of the task of partition ``name`` (``closing``: its close)."""
         config, lanes = self.config, []
+        trace = self.tracer.task(name) if self.tracer is not None else None
         for agent in agents:
             pause_s = config.first_pause_s(agent.on_failure)
             attempts = Attempts(pause_s, config.redeliver_backoff_max_s)
             lane = Lane(agent, self.park(agent, name), attempts, self.encode)
             lane.tracks = config.replay_on_open and agent.history is not None
             lane.replays = agent.history is not None or config.store_is_source
+            lane.trace = trace.lane(agent.name) if trace is not None else None
             lane.configure(
                 closing,
                 waits=config.policy_pauses,

@@ -31,6 +31,9 @@ topic over each delivery, in registration order; each agent is a :class:`Lane` t
   (:mod:`streamapp.engine.blocking`): the batch awaits each call, so a partition stays in
   order and one at a time while the loop runs the others. Before each handler call the
   lane names the delivery in :data:`~streamapp.engine.stall.DOING` for the stall watch.
+- **Spans** (tracing on, :mod:`streamapp.tracing`): each delivery a lane handles is one
+  span, from its handler's call to its failure policy's end, with the outcome and the
+  attempt; tracing off, the lane's ``trace`` is None and a delivery costs that one test.
 - **Durable positions.** A lane with tables keeps its position in its checkpoint; the
   positions of lanes ahead of the settled one travel with it (Kafka: in the committed
   offset's metadata, in the same transaction), so a restart does not run a delivery
@@ -51,6 +54,7 @@ from ..failures import retry_chain as chain
 from ..failures.outcomes import Outcome, Retry
 from ..records import Delivery
 from ..tables.partition import PartitionTables
+from ..tracing import LaneTrace
 from .attempts import Attempts
 from .blocking import HandlerThread
 from .delivery import Decoder, Parker, decode_delivery
@@ -123,6 +127,8 @@ class Lane:
         self.thread = HandlerThread(f"agent {agent.name!r}") if agent.blocking else None
         """Where a blocking agent's handler runs (``blocking=True``)."""
         self.run: Runner | None = self.thread.run if self.thread is not None else None
+        self.trace: LaneTrace | None = None
+        """Its spans, when tracing is on (set by the factory): one per delivery handled."""
 
     @property
     def name(self) -> str:
@@ -246,6 +252,9 @@ async def run_lanes(
     finally:
         if task is not None:
             DOING.pop(task, None)
+        for lane in lanes:
+            if lane.trace is not None:
+                lane.trace.abandon()  # a span the run left open (it raised)
 
 
 async def _run(
@@ -300,11 +309,15 @@ async def _run(
                     continue
             doing[task] = (lane.name, record, item)  # what the stall watch names
             started = time.perf_counter()
+            if (trace := lane.trace) is not None:
+                trace.start(record, item, attempt_of(lane, record))
             handled = await handle(
                 lane.agent, item, lane.tables, lane.views, lane.outbox, lane.send, lane.run
             )
             spent[k] += time.perf_counter() - started
             if handled is DELIVERED or handled is UNVERSIONED:
+                if trace is not None:
+                    trace.end(handled, True)
                 delivered[k] += 1
                 unversioned[k] += handled is UNVERSIONED
                 if parked is RELEASE and holding is not None:
@@ -312,6 +325,8 @@ async def _run(
                 reached[k] = position + 1
                 continue
             settled, handled = await settle_failed(lane, record, item, handled, counts[k], metrics)
+            if trace is not None:
+                trace.end(handled, settled)
             if settled:
                 if parked is RELEASE and holding is not None and handled.outcome.settles:
                     await release_next(lane, holding, item, decode, counts[k], metrics)
@@ -356,6 +371,7 @@ async def _run_one(
     )  # fmt: skip
     reached = run.reached[0]
     holding = holds_streams(lane)
+    trace = lane.trace
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
@@ -384,8 +400,12 @@ async def _run_one(
                 run.stop = position
                 break
         doing[task] = (lane.name, record, item)  # what the stall watch names
+        if trace is not None:
+            trace.start(record, item, attempt_of(lane, record))
         handled = await handle(agent, item, tables, views, outbox, send, runner)
         if handled is DELIVERED or handled is UNVERSIONED:
+            if trace is not None:
+                trace.end(handled, True)
             delivered += 1
             if handled is UNVERSIONED:
                 unversioned += 1
@@ -396,6 +416,8 @@ async def _run_one(
         policy_started = time.monotonic()
         settled, handled = await settle_failed(lane, record, item, handled, counts, metrics)
         elsewhere += time.monotonic() - policy_started
+        if trace is not None:
+            trace.end(handled, settled)
         if settled:
             if parked is RELEASE and holding is not None and handled.outcome.settles:
                 await release_next(lane, holding, item, decode, counts, metrics)
@@ -416,6 +438,12 @@ async def _run_one(
     spent = time.monotonic() - started - elsewhere
     _count(lane, counts, delivered, unversioned, spent, metrics)
     return run
+
+
+def attempt_of(lane: Lane, record: Delivery) -> int:
+    """Which attempt at ``record`` this is for ``lane`` (1: the first): its failed
+    attempts so far, counted by the lane (Redeliver) or carried by a retry copy."""
+    return lane.attempts.before(record) + chain.chain_state(record.headers)[0] + 1
 
 
 def _count(

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Self
 
+from .. import tracing
 from ..codecs.structured import to_json
 from ..errors import ConcurrencyError, DuplicateEventError, InvalidEventError
 from ..events import Event
@@ -26,10 +27,13 @@ EventKey = tuple[str, str]
 
 
 class SqlEventStore(ABC):
-    """What the SQL event stores share: a single append is a batch of one, and a store is
-    its own async context (closed on exit). A backend gives :meth:`append_many` (one
-    transaction, planned by :func:`plan_batch`) and :meth:`close`."""
+    """What the SQL event stores share: a single append is a batch of one, an append is
+    traced when tracing is on, and a store is its own async context (closed on exit). A
+    backend gives :meth:`write_many` (one transaction, planned by :func:`plan_batch`),
+    :meth:`close` and its ``system`` (the ``db.system.name`` of its spans)."""
 
+    system: str
+    """The database, as OpenTelemetry names it (``sqlite``, ``postgresql``)."""
     url: str
     """The store's ``event_store`` URL, as given (:func:`~.base.display_url` to show it)."""
     reads: int
@@ -54,11 +58,29 @@ class SqlEventStore(ABC):
         appends = [Append(stream_id, events, expected_version)]
         return (await self.append_many(appends, on_duplicate=on_duplicate)).one()
 
-    @abstractmethod
     async def append_many(
         self, appends: Sequence[Append], *, on_duplicate: OnDuplicate = "skip"
     ) -> BatchResult:
-        """:meth:`~.base.EventStoreBackend.append_many`."""
+        """:meth:`~.base.EventStoreBackend.append_many`; with tracing on, in a span
+        ``append`` whose trace context each event without a valid one of its own carries
+        (the extensions ``traceparent``, ``tracestate``: :mod:`streamapp.tracing`)."""
+        trace = tracing.active()
+        if trace is None:
+            return await self.write_many(appends, on_duplicate)
+        with trace.append(sum(len(a.events) for a in appends), self.system) as span:
+            stamped = [
+                Append(a.stream_id, [span.stamp(e) for e in a.events], a.expected_version)
+                for a in appends
+            ]
+            result = await self.write_many(stamped, on_duplicate)
+            appended = sum(len(a.events) for a in stamped[: len(result.results)])
+            error = None if result.error is None else str(result.error)
+            span.appended(appended - result.skipped, result.skipped, error)
+            return result
+
+    @abstractmethod
+    async def write_many(self, appends: Sequence[Append], on_duplicate: OnDuplicate) -> BatchResult:
+        """The backend's append of a batch, in one transaction planned by :func:`plan_batch`."""
 
     @abstractmethod
     async def close(self) -> None:

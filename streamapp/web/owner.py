@@ -6,7 +6,8 @@ The owner's answer is passed back as it is (status, JSON body, ``Retry-After``,
 along. A forwarded request is never forwarded again:
 a worker that no longer owns the partition answers 421, which becomes 503 +
 Retry-After here (the directory is behind a rebalance), as does an owner that does not
-answer.
+answer. With tracing on the request carries the trace context (W3C ``traceparent``) of a
+client span, the child of the lookup's own span (:mod:`streamapp.web.traced`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from .. import tracing
 from .responses import unavailable
 
 FORWARDED = "X-Streamapp-Forwarded"
@@ -61,6 +63,28 @@ async def _ask(
     auth = request.headers.get("Authorization")
     if auth:
         headers["Authorization"] = auth
+    trace = tracing.active()
+    if trace is None:
+        return await _get(request, owner, url, partition, timeout_s, headers)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else url.path
+    attributes: dict[str, str | int] = {
+        "server.address": owner, "http.route": route, "streamapp.partition": partition
+    }  # fmt: skip
+    with trace.ask(f"GET {route} (owner)", headers, attributes) as span:
+        response = await _get(request, owner, url, partition, timeout_s, headers)
+        span.answered(response.status)
+        return response
+
+
+async def _get(
+    request: web.Request,
+    owner: str,
+    url: URL,
+    partition: int,
+    timeout_s: float,
+    headers: dict[str, str],
+) -> web.Response:
     try:
         async with request.app[SESSION].get(
             url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .. import tracing
 from .._version import streamapp_version
 from ..engine.assignment import Assignment
-from . import health, openapi, security, tables
+from . import health, openapi, security, tables, traced
 from . import owner as forward
 from .explain import StoreFolds
 from .metrics import CONTENT_TYPE, WorkerMetrics
@@ -69,7 +70,9 @@ def make_app(
     async def scrape(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application(middlewares=security.middlewares(token))
+    app = web.Application(
+        middlewares=[*traced.middlewares(tracing.active()), *security.middlewares(token)]
+    )
     app.cleanup_ctx.append(forward.session_ctx)
 
     def last_stall() -> dict[str, object] | None:

@@ -123,3 +123,28 @@ def test_the_per_order_check_catches_what_a_sum_of_versions_misses() -> None:
     assert "('order-00000', 4, 3)" in note
     missing = {k: v for k, v in want.items() if k != "order-00002"}
     assert not rivals.check(missing, 12, 4)[0]
+
+
+def test_tracing_on_runs_beside_streamapp_and_contenders_can_be_picked() -> None:
+    """``streamapp traced`` (tracing on, spans dropped) is a row of both standard
+    workloads, run by orders_projection's ``--one streamapp-traced``; ``--contenders``
+    keeps only the named rows (tracing off and on, side by side, in a short run)."""
+    import argparse
+
+    standard = [w for w in harness.WORKLOADS if w.payload == "standard"]
+    for workload in standard:
+        names = [c.name for c in workload.contenders]
+        assert names.index("streamapp traced") == names.index("streamapp") + 1
+    assert harness.TRACED_CONTENDER.kind in harness.OWN_KINDS
+    source = (BENCH / "orders_projection.py").read_text()
+    assert '"streamapp-traced"' in source
+    assert "trace_to_nowhere()" in source
+    args = argparse.Namespace(
+        workloads=[w.key for w in standard],
+        contenders=["streamapp", "streamapp traced"],
+        streamapp_fetch="",
+    )
+    picked = harness.chosen_workloads(args)
+    assert [[c.name for c in w.contenders] for w in picked] == [
+        ["streamapp", "streamapp traced"]
+    ] * len(standard)

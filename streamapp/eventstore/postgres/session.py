@@ -4,7 +4,7 @@ A psycopg connection never reconnects: after a restart every call on it fails fo
 :class:`Session` holds one connection, drops it on a connection error and runs the
 operation again on a fresh one, waiting for the server up to ``wait_s``. It retries the
 operation, not the connection: an operation must be safe to run again, or find out
-itself what its failed attempt did (see ``append_many`` in :mod:`.postgres`). An outage
+itself what its failed attempt did (see ``write_many`` in :mod:`.postgres`). An outage
 is logged once when it starts and once when it ends, whatever the number of calls in it.
 
 Session advisory locks die with their session; they live on connections of their own

@@ -18,7 +18,7 @@ call at a time; open more store objects for parallel appends.
 Restarts. Every call goes through the session, which reconnects after a lost connection
 and runs the call again (for up to ``wait_s``). Reads and the checkpoint load are safe to
 run again. An append whose connection died during its COMMIT may or may not have
-committed: before trying again, :meth:`PostgresEventStore.append_many` looks for the
+committed: before trying again, :meth:`PostgresEventStore.write_many` looks for the
 first row it sent (stream, version and payload) and, found, returns what that commit
 did instead of appending a second time. Without that look, a retried append with
 ``expected_version=None`` would land twice, and one with a version would report a
@@ -151,6 +151,8 @@ class PostgresEventStore(SqlEventStore):
     inserts, before the commit: a test stretches transactions with it to make them overlap.
     """
 
+    system = "postgresql"
+
     def __init__(self, url: str, session: Session, before_commit: Hook | None = None) -> None:
         self.url = url
         self.reads = 0
@@ -183,9 +185,7 @@ class PostgresEventStore(SqlEventStore):
             raise
         return cls(url, session, before_commit)
 
-    async def append_many(
-        self, appends: Sequence[Append], *, on_duplicate: OnDuplicate = "skip"
-    ) -> BatchResult:
+    async def write_many(self, appends: Sequence[Append], on_duplicate: OnDuplicate) -> BatchResult:
         sent: list[_Sent] = []  # the attempt whose COMMIT was sent, outcome unknown
         keys = event_keys(appends)
 

@@ -58,6 +58,8 @@ _make = StoredEvent._make
 class SqliteEventStore(SqlEventStore):
     """The event store in one SQLite file. Open with :meth:`open` (or ``open_store``)."""
 
+    system = "sqlite"
+
     def __init__(self, url: str, conn: sqlite3.Connection, path: Path) -> None:
         self.url = url
         self.path = path
@@ -85,9 +87,7 @@ class SqliteEventStore(SqlEventStore):
         conn = await asyncio.to_thread(connect, path, busy_timeout_s, url, parsed.create)
         return cls(url, conn, path)
 
-    async def append_many(
-        self, appends: Sequence[Append], *, on_duplicate: OnDuplicate = "skip"
-    ) -> BatchResult:
+    async def write_many(self, appends: Sequence[Append], on_duplicate: OnDuplicate) -> BatchResult:
         return await self._run(self._append_many, appends, on_duplicate)
 
     async def read_all(self, from_position: int, limit: int) -> list[StoredEvent]:
