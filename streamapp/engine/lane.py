@@ -68,6 +68,10 @@ otherwise hold it for a whole batch (group heartbeats, views and other partition
 SKIP = 2**63
 """The start of a lane that takes no part in a run (every delivery is below it)."""
 
+Peek = Callable[[Delivery], tuple[str, int]]
+"""A delivery's stream id and stream version, known without decoding it (a stored
+event's columns): the stream-version guard then skips an applied event undecoded."""
+
 
 class Lane:
     """One agent's share of a partition task: tables, sends, attempts and positions."""
@@ -227,6 +231,7 @@ async def run_lanes(
     budget_s: float,
     *,
     metrics: TaskMetrics = NO_METRICS,
+    peek: Peek | None = None,
 ) -> Run:
     """Run ``records`` (one partition, in order) through every lane from its start.
 
@@ -234,15 +239,17 @@ async def run_lanes(
     or before a delivery once ``budget_s`` is spent, so the caller can commit what every
     lane reached and rewind to the lowest. Outcomes are counted per lane; a lane's failed
     attempts of a delivery are counted in its :class:`Attempts` (a bounded Redeliver's
-    fallback applies once they are spent).
+    fallback applies once they are spent). With ``peek``, a lane with tables skips a
+    delivery whose stream version it applied before decoding it (the guard's DUPLICATE,
+    as :func:`~streamapp.agents.agent.handle` would give).
     """
     run = Run(list(starts))
     chained = len(lanes) > 1 and any(isinstance(lane.agent.on_failure, Retry) for lane in lanes)
     task = asyncio.current_task()
     try:
         if len(lanes) == 1:
-            return await _run_one(lanes[0], records, decode, budget_s, metrics, run, task)
-        return await _run(lanes, records, decode, budget_s, metrics, run, task, chained)
+            return await _run_one(lanes[0], records, decode, budget_s, metrics, run, task, peek)
+        return await _run(lanes, records, decode, budget_s, metrics, run, task, chained, peek)
     finally:
         if task is not None:
             DOING.pop(task, None)
@@ -257,6 +264,7 @@ async def _run(
     run: Run,
     task: asyncio.Task[Any] | None,
     chained: bool,
+    peek: Peek | None,
 ) -> Run:
     reached = run.reached
     now = time.monotonic()
@@ -279,11 +287,21 @@ async def _run(
         position = record.position
         item: Any = None
         owner = chain.header(record.headers, chain.AGENT) if chained else None
+        known = None if peek is None else peek(record)
         for k, lane in enumerate(lanes):
             if reached[k] > position:
                 continue  # settled by this lane already
             if owner is not None and owner != lane.name.encode():
                 reached[k] = position + 1  # a retry copy for another agent of the topic
+                continue
+            tables = lane.tables
+            if (
+                known is not None
+                and tables is not None
+                and tables.applied_version(known[0]) >= known[1]
+            ):
+                counts[k][Outcome.FILTERED] = counts[k].get(Outcome.FILTERED, 0) + 1
+                reached[k] = position + 1  # the guard's skip, undecoded
                 continue
             if item is None:
                 item = decode_delivery(decode, record)
@@ -301,7 +319,14 @@ async def _run(
             doing[task] = (lane.name, record, item)  # what the stall watch names
             started = time.perf_counter()
             handled = await handle(
-                lane.agent, item, lane.tables, lane.views, lane.outbox, lane.send, lane.run
+                lane.agent,
+                item,
+                tables,
+                lane.views,
+                lane.outbox,
+                lane.send,
+                lane.run,
+                checked=known,
             )
             spent[k] += time.perf_counter() - started
             if handled is DELIVERED or handled is UNVERSIONED:
@@ -341,6 +366,7 @@ async def _run_one(
     metrics: TaskMetrics,
     run: Run,
     task: asyncio.Task[Any] | None,
+    peek: Peek | None,
 ) -> Run:
     """:func:`_run` for one lane (no copies of other agents to tell apart): the same
     outcomes and stops, fewer calls per delivery. Its ``spent`` is the run's time but the
@@ -356,6 +382,8 @@ async def _run_one(
     )  # fmt: skip
     reached = run.reached[0]
     holding = holds_streams(lane)
+    guard = (peek, tables.applied_version) if peek is not None and tables is not None else None
+    checked: tuple[str, int] | None = None
     for i, record in enumerate(records):
         if i:
             now = time.monotonic()
@@ -370,6 +398,12 @@ async def _run_one(
         position = record.position
         if reached > position:
             continue  # settled already
+        if guard is not None:
+            checked = guard[0](record)
+            if guard[1](checked[0]) >= checked[1]:  # the guard's skip, undecoded
+                counts[Outcome.FILTERED] = counts.get(Outcome.FILTERED, 0) + 1
+                reached = position + 1
+                continue
         item = decode_delivery(decode, record)
         parked = None
         if holding is not None:
@@ -384,7 +418,7 @@ async def _run_one(
                 run.stop = position
                 break
         doing[task] = (lane.name, record, item)  # what the stall watch names
-        handled = await handle(agent, item, tables, views, outbox, send, runner)
+        handled = await handle(agent, item, tables, views, outbox, send, runner, checked=checked)
         if handled is DELIVERED or handled is UNVERSIONED:
             delivered += 1
             if handled is UNVERSIONED:

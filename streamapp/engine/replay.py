@@ -13,6 +13,8 @@ import asyncio
 import logging
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any
 
 from ..codecs import structured
 from ..errors import ConfigError, FencedError, StoreCorruptError
@@ -277,7 +279,9 @@ async def apply_part(
         return True, deliveries
     metrics = task.metrics
     starts = [lane.history_position() if lane in lanes else SKIP for lane in task.lanes]
-    run = await run_lanes(task.lanes, starts, deliveries, decode_stored, budget_s, metrics=metrics)
+    run = await run_lanes(
+        task.lanes, starts, deliveries, decode_stored, budget_s, metrics=metrics, peek=_stored
+    )
     done = {
         lane: max(lane.history_position(), next_position if run.stop is None else reached)
         for lane, reached in zip(task.lanes, run.reached, strict=True)
@@ -314,6 +318,11 @@ def below(deliveries: Sequence[Delivery], position: int) -> int:
 
 def _position(delivery: Delivery) -> int:
     return delivery.position
+
+
+_stored: Callable[[Any], tuple[str, int]] = attrgetter("stream_id", "version")
+"""A stored delivery's stream id and version, from the store's columns
+(:class:`~.stored.StoredDelivery`): the guard skips what its tables applied undecoded."""
 
 
 def history_at(
