@@ -272,9 +272,7 @@ async def handle(
             raise  # a real cancellation of the batch
         return _failed(tables, outbox, exc)  # a handler's own timeout leaking out
     if tables is not None:
-        if version is not None:
-            tables.record_version(sid, version)
-        tables.commit_event()
+        tables.commit_event(sid, version)
     if outbox is not None:
         outbox.commit_event()
     return UNVERSIONED if tables is not None and version is None else DELIVERED

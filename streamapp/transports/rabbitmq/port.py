@@ -199,7 +199,7 @@ class RabbitPartitionPort:
             )
             self._fail(error)  # loud: the worker stops
             raise error
-        self._next = self._handed = position or 0
+        start = self._next = self._handed = position or 0
         try:
             channel = await self._connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
@@ -212,7 +212,7 @@ class RabbitPartitionPort:
         self._channel = channel
         self._heard = time.monotonic()
         log.info("%s: consuming queue %s (prefetch %d)", self.name, self.queue, self.prefetch)
-        return self._next
+        return start  # deliveries may have come while the consumer registered: from here
 
     # stalled (:mod:`.stalled`) ----------------------------------------------------------
     def idle_s(self) -> float | None:
