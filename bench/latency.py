@@ -1,17 +1,29 @@
 """Benchmark: live latency of the orders projection at a fixed rate, publish to view.
 
-One in-process worker of the orders app (8 partitions, transactional changelog) on a
-fresh topic. Once every partition is live, a publisher in its own process (as a real
-publisher is: it does not share the worker's event loop) sends events at a fixed rate
-(default 2,000 events/s, over 1,000 orders, each with its stream version). For one event
-in ``--sample``, the latency is the time from the ``send`` call to the moment the
-committed store holds its order at that version: what ``GET /tables/order_status/{key}``
-answers from (the committed state, never an open batch), read in-process every
-millisecond without HTTP. Both processes read ``time.monotonic()`` (CLOCK_MONOTONIC, one
-clock for the whole machine). Prints p50/p99 in ms; ``--json`` writes them. Not a test:
-nothing asserts a timing.
+A publisher in its own process (as a real publisher is: it does not share the worker's
+event loop) sends events at a fixed rate (default 2,000 events/s, over 1,000 orders, each
+with its stream version) to a fresh 8-partition topic. For one event in ``--sample``, the
+latency is the time from the ``send`` call to the moment its order is seen at that
+version. Every process reads ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for the
+whole machine). Two measures, one after the other (``--modes``):
 
-    .venv/bin/python bench/latency.py [--rate 2000] [--seconds 20] [--json PATH]
+- ``http``, what a user sees: a ``streamapp worker`` process of the orders app, asked
+  ``GET /tables/order_status/{key}`` over HTTP by this process (another one), each
+  sampled key polled every ``--poll-ms`` (2 ms) until it answers that version (at most
+  ``--connections`` requests in flight). Beside it: the HTTP round trip of a lookup
+  answered at once (the same GET of a key already seen, sampled during the run), the
+  probe's requests/s and the worker's CPU per event (``/proc``), and the worker's own
+  batch and commit means (its ``/metrics``).
+- ``in-process``: the worker in this process, its committed store read directly every
+  millisecond, no HTTP (what ``GET /tables/...`` answers from: the committed state,
+  never an open batch).
+
+The headline (``p50_ms``, ``p99_ms``) is the ``http`` measure; ``in_process`` holds the
+other, with the same fields. Prints both; ``--json`` writes them. Not a test: nothing
+asserts a timing.
+
+    .venv/bin/python bench/latency.py [--rate 2000] [--seconds 20] [--modes http,in-process]
+                                      [--poll-ms 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -25,7 +37,9 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry
 
@@ -42,6 +56,7 @@ from tables.orders import order_status  # noqa: E402
 
 PARTITIONS = 8
 KINDS = ("placed", "paid", "shipped", "cancelled")
+MODES = ("http", "in-process")
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -52,7 +67,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 async def measure(
     bootstrap: str, rate: int, seconds: float, orders: int, sample: int
-) -> dict[str, float | int]:
+) -> dict[str, Any]:
+    """The ``in-process`` measure: the worker here, its committed store read directly."""
     topic = f"bench-latency-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="streamapp-latency-") as data_dir:
         app = App(
@@ -81,23 +97,7 @@ async def measure(
                 raise RuntimeError("the worker's partitions did not go live in 60 s")
             pending: dict[str, tuple[int, float]] = {}  # order -> (version, sent at)
             latencies: list[float] = []
-            publisher = await asyncio.create_subprocess_exec(
-                sys.executable,
-                __file__,
-                "--publish",
-                topic,
-                "--bootstrap",
-                bootstrap,
-                "--rate",
-                str(rate),
-                "--seconds",
-                str(seconds),
-                "--orders",
-                str(orders),
-                "--sample",
-                str(sample),
-                stdout=asyncio.subprocess.PIPE,
-            )
+            publisher = await start_publisher(bootstrap, topic, rate, seconds, orders, sample)
             assert publisher.stdout is not None
             achieved = 0.0
 
@@ -140,7 +140,157 @@ async def measure(
             }
         finally:
             await worker.stop()
-    latencies.sort()
+    return {
+        **figures(latencies, rate, achieved, seconds),
+        "batches": int(inside["streamapp_batch_size"][1]),
+        "mean_batch_size": round(inside["streamapp_batch_size"][0], 1),
+        "mean_batch_ms": round(inside["streamapp_batch_duration_seconds"][0] * 1000, 2),
+        "mean_commit_ms": round(inside["streamapp_commit_duration_seconds"][0] * 1000, 2),
+    }
+
+
+async def start_publisher(
+    bootstrap: str, topic: str, rate: int, seconds: float, orders: int, sample: int
+) -> asyncio.subprocess.Process:
+    """The publisher process (:func:`publish`), its stdout piped: the sampled sends."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--publish",
+        topic,
+        "--bootstrap",
+        bootstrap,
+        "--rate",
+        str(rate),
+        "--seconds",
+        str(seconds),
+        "--orders",
+        str(orders),
+        "--sample",
+        str(sample),
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def measure_http(
+    bootstrap: str,
+    rate: int,
+    seconds: float,
+    orders: int,
+    sample: int,
+    poll_s: float,
+    connections: int,
+) -> dict[str, Any]:
+    """The ``http`` measure: a worker process, its view polled over HTTP from here."""
+    from tests.integration.harness import WorkerProc, wait_group_ready
+    from tests.integration.harness import create_topics as create_namespace
+
+    ns = f"blat{uuid.uuid4().hex[:6]}-"
+    topic = f"{ns}orders"
+    create_namespace(bootstrap, ns)
+    with tempfile.TemporaryDirectory(prefix="streamapp-latency-") as tmp:
+        worker = WorkerProc(bootstrap, ns, Path(tmp) / "w", Path(tmp) / "w.log").start()
+        try:
+            await wait_group_ready([worker], PARTITIONS)
+            assert worker.proc is not None
+            pid = worker.proc.pid
+            base = f"http://127.0.0.1:{worker.port}"
+            latencies: list[float] = []
+            round_trips: list[float] = []
+            requests = 0
+            connector = aiohttp.TCPConnector(limit=connections)
+            async with aiohttp.ClientSession(connector=connector) as http:
+
+                async def version_of(key: str) -> int:
+                    nonlocal requests
+                    requests += 1
+                    async with http.get(f"{base}/tables/order_status/{key}") as r:
+                        if r.status == 404:
+                            await r.read()
+                            return 0
+                        if r.status != 200:
+                            raise RuntimeError(f"{key}: {r.status} {await r.text()}")
+                        return int((await r.json())["version"])
+
+                async def poll(key: str, version: int, sent: float) -> None:
+                    for _ in range(int(60 / poll_s)):  # at most 60 s per sampled event
+                        if await version_of(key) >= version:
+                            seen = time.monotonic()
+                            latencies.append(seen - sent)
+                            began = time.monotonic()  # once seen: a lookup answered at once
+                            await version_of(key)
+                            round_trips.append(time.monotonic() - began)
+                            return
+                        await asyncio.sleep(poll_s)
+                    raise RuntimeError(f"{key} version {version} not seen in 60 s")
+
+                await version_of("order-00000")  # the connection is up
+                requests = 0
+                cpu_before = cpu_s(pid)
+                publisher = await start_publisher(bootstrap, topic, rate, seconds, orders, sample)
+                assert publisher.stdout is not None
+                polls: list[asyncio.Task[None]] = []
+                achieved = 0.0
+                started = time.monotonic()
+                async for line in publisher.stdout:
+                    oid, version, sent = line.split()
+                    if oid == b"achieved":
+                        achieved = float(sent)
+                    else:
+                        polls.append(
+                            asyncio.create_task(poll(oid.decode(), int(version), float(sent)))
+                        )
+                await asyncio.gather(*polls)
+                elapsed = time.monotonic() - started
+                cpu_used = cpu_s(pid) - cpu_before
+                if await publisher.wait() != 0:
+                    raise RuntimeError("the publisher failed")
+                async with http.get(f"{base}/metrics") as r:
+                    inside = worker_means(await r.text())
+        finally:
+            worker.stop()
+    return {
+        **figures(latencies, rate, achieved, seconds),
+        "poll_ms": poll_s * 1000,
+        "http_rtt_p50_ms": round(percentile(sorted(round_trips), 50) * 1000, 2),
+        "http_rtt_p99_ms": round(percentile(sorted(round_trips), 99) * 1000, 2),
+        "probe_requests_per_s": round(requests / elapsed),
+        "worker_cpu_us_per_event": round(cpu_used / (rate * seconds) * 1e6, 1),
+        **inside,
+    }
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` used so far, from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_means(text: str) -> dict[str, float | int]:
+    """The worker's batch and commit means from its Prometheus text (every agent)."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        metric = name.split("{", 1)[0]
+        sums[metric] = sums.get(metric, 0.0) + float(value)
+
+    def mean(name: str) -> tuple[float, float]:
+        count = sums.get(f"{name}_count", 0.0)
+        return (sums.get(f"{name}_sum", 0.0) / count if count else 0.0), count
+
+    size, batches = mean("streamapp_batch_size")
+    return {
+        "batches": int(batches),
+        "mean_batch_size": round(size, 1),
+        "mean_batch_ms": round(mean("streamapp_batch_duration_seconds")[0] * 1000, 2),
+        "mean_commit_ms": round(mean("streamapp_commit_duration_seconds")[0] * 1000, 2),
+    }
+
+
+def figures(latencies: list[float], rate: int, achieved: float, seconds: float) -> dict[str, Any]:
+    latencies = sorted(latencies)
     return {
         "rate": rate,
         "achieved_rate": round(achieved, 1),
@@ -149,10 +299,6 @@ async def measure(
         "p50_ms": round(percentile(latencies, 50) * 1000, 2),
         "p99_ms": round(percentile(latencies, 99) * 1000, 2),
         "max_ms": round(latencies[-1] * 1000, 2),
-        "batches": int(inside["streamapp_batch_size"][1]),
-        "mean_batch_size": round(inside["streamapp_batch_size"][0], 1),
-        "mean_batch_ms": round(inside["streamapp_batch_duration_seconds"][0] * 1000, 2),
-        "mean_commit_ms": round(inside["streamapp_commit_duration_seconds"][0] * 1000, 2),
     }
 
 
@@ -209,7 +355,10 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000, help="events/s published")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--orders", type=int, default=1000)
-    parser.add_argument("--sample", type=int, default=10, help="measure 1 event in N")
+    parser.add_argument("--sample", type=int, default=20, help="measure 1 event in N")
+    parser.add_argument("--modes", default=",".join(MODES), help="http, in-process or both")
+    parser.add_argument("--poll-ms", type=float, default=2.0, help="http: poll interval")
+    parser.add_argument("--connections", type=int, default=4, help="http: requests in flight")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument(
         "--bootstrap", default=os.environ.get("STREAMAPP_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
@@ -221,16 +370,55 @@ def main() -> None:
             publish(args.bootstrap, args.publish, args.rate, args.seconds, args.orders, args.sample)
         )
         return
-    out = asyncio.run(measure(args.bootstrap, args.rate, args.seconds, args.orders, args.sample))
-    print(
-        f"publish-to-view at {out['rate']:,} events/s (achieved {out['achieved_rate']:,.0f}), "
-        f"{out['samples']} samples: p50 {out['p50_ms']} ms, p99 {out['p99_ms']} ms, "
-        f"max {out['max_ms']} ms; inside the worker: {out['batches']} batches of "
-        f"{out['mean_batch_size']} events, {out['mean_batch_ms']} ms to run and "
-        f"{out['mean_commit_ms']} ms to commit on average"
-    )
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        parser.error(f"--modes: unknown {sorted(unknown)}; give {', '.join(MODES)}")
+    runs: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        if mode == "http":
+            runs[mode] = asyncio.run(
+                measure_http(
+                    args.bootstrap,
+                    args.rate,
+                    args.seconds,
+                    args.orders,
+                    args.sample,
+                    args.poll_ms / 1000,
+                    args.connections,
+                )
+            )
+        else:
+            runs[mode] = asyncio.run(
+                measure(args.bootstrap, args.rate, args.seconds, args.orders, args.sample)
+            )
+        show(mode, runs[mode])
+    out = dict(runs.get("http") or runs[modes[0]])
+    if "in-process" in runs and "http" in runs:
+        out["in_process"] = runs["in-process"]
+    out["mode"] = "http" if "http" in runs else modes[0]
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
+
+
+def show(mode: str, out: dict[str, Any]) -> None:
+    """One measure's line."""
+    extra = ""
+    if mode == "http":
+        extra = (
+            f"; HTTP round trip p50 {out['http_rtt_p50_ms']} ms p99 {out['http_rtt_p99_ms']} ms,"
+            f" polled every {out['poll_ms']:g} ms ({out['probe_requests_per_s']:,} requests/s),"
+            f" worker CPU {out['worker_cpu_us_per_event']} us/event"
+        )
+    print(
+        f"{mode}: publish-to-view at {out['rate']:,} events/s (achieved "
+        f"{out['achieved_rate']:,.0f}), {out['samples']} samples: p50 {out['p50_ms']} ms, "
+        f"p99 {out['p99_ms']} ms, max {out['max_ms']} ms; inside the worker: "
+        f"{out['batches']} batches of {out['mean_batch_size']} events, "
+        f"{out['mean_batch_ms']} ms to run and {out['mean_commit_ms']} ms to commit on "
+        f"average{extra}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

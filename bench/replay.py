@@ -74,13 +74,18 @@ async def fill(url: str, n: int) -> None:
         await store.close()
 
 
+CPU_US: dict[str, list[float]] = {}
+"""CPU time (user + system, every thread of this process) per replayed event, per store
+and round: steadier than the rate on a shared machine."""
+
+
 async def replay_once(url: str, n: int, data_dir: Path) -> float:
     app = make_app()
     settings = app.settings(
         broker="none", event_store=url, data_dir=data_dir, web_port=0, poll_timeout_ms=100
     )
     worker = Worker(app, settings)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await worker.start()
     try:
         assert worker.source is not None
@@ -90,6 +95,7 @@ async def replay_once(url: str, n: int, data_dir: Path) -> float:
                 break
             await asyncio.sleep(0.01)
         elapsed = time.perf_counter() - started
+        CPU_US.setdefault(url.split(":", 1)[0], []).append((time.process_time() - cpu) / n * 1e6)
         check(tasks, n)
     finally:
         await worker.stop()
@@ -151,13 +157,15 @@ async def main() -> None:
             finally:
                 shutil.rmtree(data, ignore_errors=True)
             rates[kind].append(rate)
-            print(f"round {r + 1} {kind}: {rate:,.0f} events/s", flush=True)
+            cpu_us = CPU_US[url.split(":", 1)[0]][-1]
+            print(f"round {r + 1} {kind}: {rate:,.0f} events/s, {cpu_us:.2f} CPU us/event")
     print(f"\nreplay of {args.events:,} events, {PARTITIONS} partitions, one worker, RocksDB")
-    print("| store | median events/s | rounds |")
-    print("|---|---|---|")
+    print("| store | median events/s | rounds | median CPU us/event |")
+    print("|---|---|---|---|")
     for kind, values in rates.items():
         shown = ", ".join(f"{v:,.0f}" for v in values)
-        print(f"| {kind} | {statistics.median(values):,.0f} | {shown} |")
+        cpu_us = statistics.median(CPU_US[urls[kind].split(":", 1)[0]])
+        print(f"| {kind} | {statistics.median(values):,.0f} | {shown} | {cpu_us:.2f} |")
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -166,6 +174,9 @@ async def main() -> None:
                     "orders": ORDERS,
                     "rates": rates,
                     "medians": {k: statistics.median(v) for k, v in rates.items()},
+                    "cpu_us_per_event": {
+                        k: statistics.median(CPU_US[urls[k].split(":", 1)[0]]) for k in rates
+                    },
                 },
                 indent=2,
             )

@@ -204,6 +204,8 @@ async def handle(
     outbox: Outbox | None = None,
     send: Send | None = None,
     run: Runner | None = None,
+    *,
+    checked: tuple[str, int] | None = None,
 ) -> Handled:
     """The outcome of one delivery for ``agent``: ``views`` are the handler's table
     parameters (None: the views of ``tables``), ``send`` its ``send`` parameter (it buffers
@@ -212,19 +214,28 @@ async def handle(
     delivery UNAVAILABLE (tried again later, no failure). A storage error
     (:class:`~streamapp.errors.StoreError`, e.g. a corrupt block read by a table get) is
     raised out of here: it is never the handler's failure, nor the policy's to park.
-    ``run`` calls a blocking agent's handler in its thread (None: awaited here)."""
+    ``run`` calls a blocking agent's handler in its thread (None: awaited here).
+    ``checked``: the event's stream id and version, which the caller read without
+    decoding it (a stored event's columns) and checked against the guard already. Data is
+    read where the handler (or filter) first reads it: data that cannot be read there
+    (:class:`~streamapp.errors.DataError`) is NOT_DELIVERABLE."""
     if isinstance(item, DecodeError):
         return Handled(Outcome.NOT_DELIVERABLE, item.reason)
     event = item
-    sid = event.stream_id
-    if sid is None:
-        return Handled(
-            Outcome.NOT_DELIVERABLE,
-            f"event {event.id} has no stream id (neither a streamid extension nor a subject)",
-        )
-    version = event.stream_version
-    if tables is not None and version is not None and tables.applied_version(sid) >= version:
-        return DUPLICATE
+    version: int | None
+    sid: str | None
+    if checked is not None:
+        sid, version = checked
+    else:
+        sid = event.stream_id
+        if sid is None:
+            return Handled(
+                Outcome.NOT_DELIVERABLE,
+                f"event {event.id} has no stream id (neither a streamid extension nor a subject)",
+            )
+        version = event.stream_version
+        if tables is not None and version is not None and tables.applied_version(sid) >= version:
+            return DUPLICATE
     if views is None:
         views = tables.views if tables is not None else ()
     if agent.events is not None:
@@ -261,9 +272,7 @@ async def handle(
             raise  # a real cancellation of the batch
         return _failed(tables, outbox, exc)  # a handler's own timeout leaking out
     if tables is not None:
-        if version is not None:
-            tables.record_version(sid, version)
-        tables.commit_event()
+        tables.commit_event(sid, version)
     if outbox is not None:
         outbox.commit_event()
     return UNVERSIONED if tables is not None and version is None else DELIVERED

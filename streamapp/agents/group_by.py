@@ -14,7 +14,7 @@ two agents (:meth:`streamapp.app.App.agent`):
   the memory broker appends to its in-memory topic. A key function that raises or
   returns something else than a non-empty ``str`` fails the event under the agent's
   failure policy, with a :class:`~streamapp.errors.GroupByError` naming the agent and the
-  event.
+  event (data that is not JSON, read by the key function, is NOT_DELIVERABLE).
 - **the agent itself** on the repartition topic: its tables are partitioned by the new
   key (a per-customer total writes ``totals[customer]``), and views route a key to the
   owner of the repartition topic's partition of that key.
@@ -35,7 +35,7 @@ For the same reason ``history=`` is refused with ``group_by``.
 
 from __future__ import annotations
 
-from ..errors import ConfigError, GroupByError
+from ..errors import ConfigError, DataError, GroupByError
 from ..events import Event
 from ..topics import GroupBy, KeyFunction
 from .agent import Handler
@@ -61,6 +61,8 @@ def key_of(agent: str, key: KeyFunction, event: Event) -> str:
     """The new key of ``event``, or GroupByError naming the agent and the event."""
     try:
         value = key(event)
+    except DataError:
+        raise  # its data cannot be read: NOT_DELIVERABLE, as in any handler
     except Exception as exc:
         raise GroupByError(
             f"agent {agent!r}: group_by raised {type(exc).__name__}: {exc} for event "

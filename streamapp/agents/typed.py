@@ -36,7 +36,7 @@ import orjson
 
 from ..codecs.data import is_json_type
 from ..errors import ConfigError, DataError
-from ..events import Event, _Unfrozen
+from ..events import Event, Unread, build_event, data_unread, raw_data
 from ..records import refuse_extensions
 
 Upcast = Callable[[dict[str, Any]], dict[str, Any]]
@@ -192,13 +192,10 @@ class EventTypes:
                     f"event {event.id} has type {event.type!r}, which has no model in the "
                     f"agent's events (its types: {', '.join(sorted(self._models))})"
                 )
-            data = event.data
-            if isinstance(data, bytes) and is_json_type(event.datacontenttype):
-                # the codec left it unparsed for the models (every agent here is typed)
-                try:
-                    return dataclasses.replace(event, data=orjson.loads(data))
-                except orjson.JSONDecodeError as exc:
-                    return DataError(f"data of event {event.id} is not valid JSON: {exc}")
+            if data_unread(event):
+                return event  # decoded JSON when first read (a DataError there)
+            if type(raw_data(event)) is bytes and is_json_type(event.datacontenttype):
+                return _typed(event, _as_obj)  # the codec left it as bytes for the models
             return event
         return _typed(event, self._reader(event.type, model))
 
@@ -297,50 +294,18 @@ def _with_schema(event: Event, schema: str) -> Event:
     return dataclasses.replace(event, dataschema=schema)
 
 
-_data_slot = Event.__dict__["data"]  # the slot under a typed event's ``data`` property
-_raw_data: Callable[[Event], Any] = _data_slot.__get__
-
-
-class _Unread:
-    """What a typed event's ``data`` slot holds until first read: the data as the codec
-    gave it (JSON bytes, or a dict) and how its type's model reads it."""
-
-    __slots__ = ("raw", "read")
-
-    def __init__(self, raw: Any, read: _Read) -> None:
-        self.raw, self.read = raw, read
-
-
-class _TypedEvent(Event):
-    """An Event whose ``data`` is decoded by its model when first read (once: the
-    model's value then replaces the :class:`_Unread` in the slot). No slots of its own:
-    it is built as :func:`~streamapp.events.build_event` builds events."""
-
-    __slots__ = ()
-
-    @property
-    def data(self) -> Any:
-        value = _raw_data(self)
-        if type(value) is _Unread:
-            value = value.read(self, value.raw)
-            _data_slot.__set__(self, value)
-        return value
-
-
 def _typed(event: Event, read: _Read) -> Event:
-    """``event`` as a :class:`_TypedEvent` whose data ``read`` decodes (a copy: another
-    lane may read the same event): plain slot stores, then the class (per delivery)."""
-    typed: Any = _Unfrozen()
-    typed.id = event.id
-    typed.source = event.source
-    typed.type = event.type
-    typed.specversion = event.specversion
-    typed.subject = event.subject
-    typed.time = event.time
-    typed.datacontenttype = event.datacontenttype
-    typed.dataschema = event.dataschema
-    typed.data = _Unread(_raw_data(event), read)
-    typed.extensions = event.extensions
-    typed.__class__ = _TypedEvent
-    built: Event = typed
-    return built
+    """``event`` as a :class:`~streamapp.events.LazyEvent` whose data ``read`` decodes
+    when first read (a copy: another lane may read the same event)."""
+    return build_event(
+        event.id,
+        event.source,
+        event.type,
+        event.specversion,
+        event.subject,
+        event.time,
+        event.datacontenttype,
+        event.dataschema,
+        Unread(raw_data(event), read),
+        event.extensions,
+    )

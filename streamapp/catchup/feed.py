@@ -383,7 +383,7 @@ class StoreFeed:
         get = cache.get
         shares: list[list[int]] = [[] for _ in range(n)]
         appends = [share.append for share in shares]
-        for i, (_, sid, _) in enumerate(rows):
+        for i, (_, sid, _, _) in enumerate(rows):
             p = get(sid)
             if p is None:
                 p = cache[sid] = partition_for(sid.encode(), n, by)

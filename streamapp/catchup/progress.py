@@ -80,11 +80,11 @@ def stuck_record(task: Replayed, rows: list[StoredRow]) -> StuckEvent | None:
     row = next((r for r in rows if r[0] == position), None)
     if row is None or position is None:
         return None
+    version: int | None = row[2]
     try:
-        event = from_stored(row[2])
-        kind, version = event.type, event.stream_version
+        kind = from_stored(row[3]).type
     except Exception:  # not decodable: the failure itself says why
-        kind, version = "?", None
+        kind = "?"
     return StuckEvent(
         task.name, position, row[1], version, kind, attempts.failed, attempts.last_error
     )

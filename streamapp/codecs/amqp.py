@@ -15,19 +15,18 @@ Here a message is a header list: the AMQP headers as ``(name, bytes)`` plus the
 ``content_type`` property as the pseudo-header ``content-type``, the one vocabulary of
 :class:`~streamapp.engine.delivery.Delivery` (see :mod:`streamapp.transports.rabbitmq.wire`).
 Decoding raises :class:`DecodeError` with a reason; it never raises anything else.
+JSON data is parsed when first read, as the Kafka codec does (:mod:`streamapp.codecs.kafka`).
 """
 
 from __future__ import annotations
 
 from typing import Any, NoReturn
 
-import orjson
-
 from ..errors import DecodeError
 from ..events import TRACE_CONTEXT, Event
 from ..records import Headers
 from . import structured
-from .data import encode_data, is_json_type
+from .data import encode_data, is_json_type, lazy_json
 
 PREFIX = "cloudEvents_"
 PREFIXES = ("cloudevents_", "cloudevents:")
@@ -74,10 +73,7 @@ def decode(value: bytes | None, headers: Headers, *, parse_json: bool = True) ->
     content_type = attrs.get("datacontenttype")
     data: Any = value or None  # an empty body is an event without data
     if data is not None and parse_json and is_json_type(content_type):
-        try:
-            data = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"data is not valid JSON ({content_type}): {exc}") from None
+        data = lazy_json(data)  # parsed when first read (a DataError there)
     return structured.from_attributes(attrs, data)
 
 

@@ -9,20 +9,20 @@ object carrying ``specversion`` is a structured event too: the CloudEvents SDK's
 The trace context (``ce_traceparent``, ``ce_tracestate``: the distributed-tracing
 extension) is an extension like any other; a header of it that is not text is dropped and
 the event decoded without it. Decoding raises :class:`DecodeError` with a reason; it never
-raises anything else.
+raises anything else. Binary-mode JSON data is parsed when first read
+(:func:`~.data.lazy_json`): data that is not JSON raises
+:class:`~streamapp.errors.DataError` there, in the handler.
 """
 
 from __future__ import annotations
 
 from typing import Any, NoReturn
 
-import orjson
-
 from ..errors import DecodeError
 from ..events import SPECVERSION, TRACE_CONTEXT, Event, build_event
 from ..records import Headers
 from . import structured
-from .data import encode_data, is_json_type
+from .data import encode_data, is_json_type, lazy_json
 
 STRUCTURED = "application/cloudevents"
 
@@ -58,8 +58,8 @@ def decode(
         content_type is not None and content_type.lower().startswith(STRUCTURED)
     ):
         return _decode_attributes(value, headers, parse_json)  # it says what is wrong
-    data = _data(value, content_type, parse_json)  # first, as the general path does:
-    if "streamversion" in extensions:  # the same reason for a record wrong in both ways
+    data = _data(value, content_type, parse_json)
+    if "streamversion" in extensions:
         _check_version(extensions["streamversion"])
     return build_event(
         event_id,
@@ -83,15 +83,12 @@ _DATACONTENTTYPE = _CORE.index("datacontenttype")
 
 
 def _data(value: bytes | None, content_type: str | None, parse_json: bool) -> Any:
-    """A binary-mode record's data: parsed JSON for a JSON content type (unless
-    ``parse_json`` is False), else the bytes; None for an empty value."""
+    """A binary-mode record's data: JSON parsed when first read for a JSON content type
+    (unless ``parse_json`` is False), else the bytes; None for an empty value."""
     if not value:
         return None  # an empty value is an event without data
     if parse_json and is_json_type(content_type):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"data is not valid JSON ({content_type}): {exc}") from None
+        return lazy_json(value)
     return value
 
 

@@ -1,12 +1,13 @@
 """Deliveries fetched ahead: the next batch of a partition, fetched while one runs.
 
 A source that can keep fetching a partition while its task works (Kafka: the fetcher
-runs beside the task) feeds with ``prefetch``: the partition is not paused for the
-batch, and what arrives while it runs and commits waits here to be the next batch. So a
-fetch round trip never stands between two batches, and batches grow with the load (what
-arrived during one commit runs in the next) while a quiet partition still runs each
-delivery as it comes. At ``limit`` deliveries waiting, the partition is paused until the
-task takes them. A source that cannot (RabbitMQ) pauses the partition for each batch.
+runs beside the task; RabbitMQ: the broker pushes up to the prefetch) feeds with
+``prefetch``: the partition is not paused for the batch, and what arrives while it runs
+and commits waits here to be the next batch. So a fetch round trip never stands between
+two batches, and batches grow with the load (what arrived during one commit runs in the
+next) while a quiet partition still runs each delivery as it comes. At ``limit``
+deliveries waiting, the partition is paused until the task takes them. A source that
+cannot (the memory broker) pauses the partition for each batch.
 """
 
 from __future__ import annotations

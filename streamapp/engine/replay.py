@@ -13,6 +13,8 @@ import asyncio
 import logging
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any
 
 from ..codecs import structured
 from ..errors import ConfigError, FencedError, StoreCorruptError
@@ -22,8 +24,9 @@ from ..records import Delivery
 from ..tables.checkpoint import Checkpoint
 from .attempts import Attempts
 from .delivery import STORE_POSITION_HEADER
-from .lane import SKIP, Lane, run_lanes
+from .lane import Lane
 from .phase import Phase
+from .run import SKIP, run_lanes
 from .status import outcomes_of
 from .task_surface import HistoryFeed, TaskSurface
 from .task_surface import Replayed as Replayed  # importable from here, as before
@@ -277,7 +280,9 @@ async def apply_part(
         return True, deliveries
     metrics = task.metrics
     starts = [lane.history_position() if lane in lanes else SKIP for lane in task.lanes]
-    run = await run_lanes(task.lanes, starts, deliveries, decode_stored, budget_s, metrics=metrics)
+    run = await run_lanes(
+        task.lanes, starts, deliveries, decode_stored, budget_s, metrics=metrics, peek=_stored
+    )
     done = {
         lane: max(lane.history_position(), next_position if run.stop is None else reached)
         for lane, reached in zip(task.lanes, run.reached, strict=True)
@@ -314,6 +319,11 @@ def below(deliveries: Sequence[Delivery], position: int) -> int:
 
 def _position(delivery: Delivery) -> int:
     return delivery.position
+
+
+_stored: Callable[[Any], tuple[str, int]] = attrgetter("stream_id", "version")
+"""A stored delivery's stream id and version, from the store's columns
+(:class:`~.stored.StoredDelivery`): the guard skips what its tables applied undecoded."""
 
 
 def history_at(

@@ -31,10 +31,11 @@ from ..eventstore.base import APPLIED, FILTERED, PARKED_AGAIN
 from ..failures.outcomes import Outcome
 from ..records import Delivery
 from .attempts import Attempts
-from .lane import SKIP, Lane, run_lanes
+from .lane import Lane
 from .phase import Phase
 from .rebuild import rebuild_damaged
 from .replay import decode_stored
+from .run import SKIP, run_lanes
 
 if TYPE_CHECKING:
     from .task import PartitionTask

@@ -4,7 +4,7 @@ A failed or undeliverable delivery is parked (confirmed), put on the retry chain
 retries, then a copy for the retry or dead-letter topic, committed with the batch), or
 left for redelivery with its attempt counted; a refusal or an unavailable table read
 stops the run there. :func:`settle_failed` is called by the lanes' run
-(:func:`~streamapp.engine.lane.run_lanes`) once per such delivery and lane; one line is
+(:func:`~streamapp.engine.run.run_lanes`) once per such delivery and lane; one line is
 logged per failure, with the traceback the first time per partition. A record sent back
 by a replay (``streamapp-replayed``) that the stream-version guard skips because its
 stream applied a later event meanwhile is logged as a WARNING: its table misses it; but

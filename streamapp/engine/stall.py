@@ -30,7 +30,7 @@ log = logging.getLogger("streamapp.stall")
 
 DOING: dict[asyncio.Task[Any], tuple[str, Delivery, Event | DecodeError]] = {}
 """Per batch task: the agent and the delivery its handler is running now (set by
-:func:`~streamapp.engine.lane.run_lanes` before each handler call, removed after the
+:func:`~streamapp.engine.run.run_lanes` before each handler call, removed after the
 batch). The watchdog looks up the loop's current task in it."""
 
 

@@ -24,6 +24,8 @@ class StoredDelivery(NamedTuple):
 
     position: int
     stream_id: str
+    version: int
+    """The event's stream version, from the store's column (checked before decoding)."""
     value: bytes
     topic: str
     partition: int

@@ -35,13 +35,14 @@ from .attempts import Attempts
 from .backoff import Pauses
 from .commit import Commit
 from .interfaces import PartitionPort, Transaction
-from .lane import SKIP, Lane, Run, run_lanes
+from .lane import Lane
 from .opening import open_partition, rejoin_partition, suspend_partition
 from .phase import LiveState, Phase, PhaseMachine
 from .rebuild import rebuild_damaged, store_damaged
 from .recover import recover
 from .replay import Replay, store_position
 from .resume import resume_points
+from .run import SKIP, Run, run_lanes
 from .state import PartitionState, StoreOpener
 from .status import TaskCounts, TaskStatus, outcomes_of
 from .task_surface import BuildSurface, TaskParts

@@ -40,8 +40,10 @@ class StoredEvent(NamedTuple):
         return from_stored(self.payload)
 
 
-StoredRow = tuple[int, str, bytes]
-"""``(position, stream_id, payload)``: a stored event as the catch-up replay reads it.
+StoredRow = tuple[int, str, int, bytes]
+"""``(position, stream_id, version, payload)``: a stored event as the catch-up replay reads
+it (the version from its column: the replay skips what its tables applied without
+decoding the payload).
 
 A plain tuple, not a :class:`StoredEvent`: the garbage collector stops tracking a tuple
 of atomic values at its first collection, never a NamedTuple, and the rows of a large

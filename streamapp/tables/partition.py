@@ -234,12 +234,17 @@ class PartitionTables:
         """This partition's view of the table labelled ``table`` (``Table.label``)."""
         return self._views_by_label[table]
 
-    def commit_event(self) -> None:
+    def commit_event(self, stream_id: str | None = None, version: int | None = None) -> None:
+        """Keep the current event's writes in the open batch; with ``stream_id`` and
+        ``version``, record that version as applied too (:meth:`record_version` and this
+        in one call, the runner's per event)."""
         for view in self.views:
             view.commit_event()
         if self._vevent:
             self._vbatch.update(self._vevent)
             self._vevent.clear()
+        if version is not None and stream_id is not None:
+            self._vbatch[stream_id] = version
 
     def rollback_event(self) -> None:
         for view in self.views:

@@ -56,7 +56,8 @@ def log_app(
     **settings: Any,
 ) -> App:
     """One agent that logs, per stream, how many events it applied and their ids in
-    order; ``fail`` runs after that write (so a failure must roll it back). ``settings``
+    order; ``fail`` runs after that write (so a failure must roll it back). It reads each
+    event's data first (data that is not JSON is NOT_DELIVERABLE there). ``settings``
     go to the app."""
     app = h.new_app(**settings)
     topic = app.topic(h.name("in"), partitions=partitions)
@@ -64,6 +65,7 @@ def log_app(
 
     @app.agent(topic, tables=[log], filter=filter, on_failure=on_failure, name=AGENT)
     async def logger(event: Event, view: TableView[dict[str, Any]]) -> None:
+        _ = event.data  # decoded when first read: bad JSON raises DataError here
         h.calls[event.id] += 1
         sid = event.stream_id
         assert sid is not None
@@ -77,6 +79,26 @@ def log_app(
 
 def logged(*ids: str) -> dict[str, Any]:
     return {"n": len(ids), "seen": list(ids)}
+
+
+def data_app(h: AgentHarness, *, on_failure: Park | Redeliver | None = None) -> App:
+    """One agent that logs ``id:name`` per stream, writing first: events of type
+    ``reads`` read their data after the write (its ``name``), ``skips`` never read it."""
+    app = h.new_app()
+    topic = app.topic(h.name("in"), partitions=2)
+    log: Table[dict[str, Any]] = Table("log")
+
+    @app.agent(topic, tables=[log], on_failure=on_failure, name=AGENT)
+    async def logger(event: Event, view: TableView[dict[str, Any]]) -> None:
+        sid = event.stream_id
+        assert sid is not None
+        row = view.get(sid, {"n": 0, "seen": []})
+        view[sid] = {"n": row["n"] + 1, "seen": [*row["seen"], f"{event.id}:-"]}
+        if event.type == "reads":
+            name = event.data["name"]  # after the write: a DataError rolls it back
+            view[sid] = {"n": row["n"] + 1, "seen": [*row["seen"], f"{event.id}:{name}"]}
+
+    return app
 
 
 class AgentContract:
@@ -196,6 +218,36 @@ class AgentContract:
         assert all(r.headers["streamapp-agent"] == AGENT.encode() for r in parked)
         assert parked[0].headers["x-trace"] == b"\xff"  # the original headers travel along
         assert parked[2].headers["ce_id"] == good[0].id.encode()
+
+    async def test_data_is_decoded_where_first_read_bad_json_there_is_not_deliverable(
+        self, h: AgentHarness
+    ) -> None:
+        """A CloudEvent's attributes decode up front, its data when the handler first
+        reads it: bad JSON read after a table write is NOT_DELIVERABLE there, with its
+        reason, under the agent's policy (parked), the write rolled back, the partition
+        going on; an event whose data the handler never reads is applied, undecoded."""
+        await h.start(data_app(h, on_failure=Park(h.name("in.parked"))))
+        oid = "order-data"
+        reads = ev(oid, "reads-0", type="reads")
+        _, _, reads_headers = codec.encode(reads)
+        bad_read = [(n, b"bad-read" if n == "ce_id" else v) for n, v in reads_headers]
+        _, _, skips_headers = codec.encode(ev(oid, "skips", type="skips"))
+        bad_unread = [(n, b"bad-unread" if n == "ce_id" else v) for n, v in skips_headers]
+        await h.send(reads)
+        await h.send_raw(b"{not json", key=oid.encode(), headers=bad_read)
+        await h.send_raw(b"{not json", key=oid.encode(), headers=bad_unread)
+        await h.send(ev(oid, "reads-1", type="reads"))
+        assert await h.settle()
+        assert await h.unsettled() == 0
+        assert await h.table("log", oid) == logged(
+            "reads-0:reads-0", "bad-unread:-", "reads-1:reads-1"
+        )
+        (parked,) = await h.parked(h.name("in.parked"))
+        assert parked.value == b"{not json"
+        assert "not valid JSON" in parked.reason
+        assert "bad-read" in parked.reason  # the event it names
+        p = partition_for(oid.encode(), 2)
+        assert parked.source == f"{h.topic}/{p}/{await h.position_of(1)}"
 
     # 5. Handler raises under Park ------------------------------------------------------------
     async def test_handler_error_is_parked_its_writes_rolled_back_and_the_partition_goes_on(
@@ -561,6 +613,7 @@ class TestEventStore(AgentContract):
         good = [ev(oid, f"good-{i}") for i in range(3)]
         _, _, good_headers = codec.encode(good[0])
         no_stream_id = [(n, v) for n, v in good_headers if n != "ce_streamid"]
+        fresh_id = [(n, b"bad-json" if n == "ce_id" else v) for n, v in good_headers]
         raw = [
             (
                 b"plain text, not a CloudEvent",
@@ -568,7 +621,9 @@ class TestEventStore(AgentContract):
                 DecodeError,
                 "not a CloudEvent",
             ),
-            (b"{not json", good_headers, DecodeError, "not valid JSON"),
+            # its own id: the append reads its data (one with good-0's id is a duplicate,
+            # skipped before its data is read)
+            (b"{not json", fresh_id, DecodeError, "not valid JSON"),
             (b"{}", no_stream_id, InvalidEventError, "no stream id"),
         ]
         await h.send(good[0])
@@ -588,6 +643,27 @@ class TestEventStore(AgentContract):
             2,
             3,
         ]
+        assert await h.parked(h.name("in.parked")) == []
+
+    async def test_data_is_decoded_where_first_read_bad_json_there_is_not_deliverable(
+        self, h: AgentHarness
+    ) -> None:
+        """Overridden: the store keeps structured JSON, so it refuses an event whose data
+        is not JSON at the append (with the reason a broker's handler parks it for) and
+        nothing is appended; a handler that never reads its data applies it all the same."""
+        assert isinstance(h, StoreHarness)
+        await h.start(data_app(h, on_failure=Park(h.name("in.parked"))))
+        oid = "order-data"
+        for kind in ("reads", "skips"):
+            _, _, headers = codec.encode(ev(oid, f"bad-{kind}", type=kind))
+            head = await h.store.head()
+            with pytest.raises(DecodeError, match="not valid JSON"):
+                await h.send_raw(b"{not json", key=oid.encode(), headers=headers)
+            assert await h.store.head() == head
+        await h.send(ev(oid, "reads-0", type="reads"))
+        await h.send(ev(oid, "skips-0", type="skips"))
+        assert await h.settle()
+        assert await h.table("log", oid) == logged("reads-0:reads-0", "skips-0:-")
         assert await h.parked(h.name("in.parked")) == []
 
     async def test_a_stored_row_that_does_not_decode_is_parked(self, h: AgentHarness) -> None:

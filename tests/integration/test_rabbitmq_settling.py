@@ -169,6 +169,40 @@ async def test_delivered_and_filtered_are_acked_nothing_left_unacked(
     assert [await on_broker(services.amqp, q) for q in queues] == [(0, 0), (0, 0)]
 
 
+async def test_what_arrives_while_a_batch_runs_is_the_next_batch_acked_in_one(
+    h: RabbitHarness, services: Services
+) -> None:
+    """Batches grow with the load, as on Kafka: deliveries that arrive while a batch
+    runs and commits wait in the task's ahead queue (the port is not paused for it) and
+    run next, all in one batch, settled with one ``ack(multiple=True)``."""
+    key = key_on(0, 1)
+    gate = asyncio.Event()
+
+    async def hold(event: Event, view: TableView[Any]) -> None:
+        if event.id == "e0":
+            await gate.wait()  # the first batch stays in hand meanwhile
+
+    await h.start(log_app(h, partitions=1, fail=hold))
+    await h.send(ev(key, "e0"))
+    await h.until(lambda: h.calls["e0"] == 1, "the first batch in hand")
+    for i in range(1, 10):
+        await h.send(ev(key, f"e{i}"))
+    task = source_of(h).assignment.tasks[(h.topic, 0)]
+    await h.until(lambda: len(task.ahead.waiting) == 9, "the rest queued behind it")
+    assert task.busy
+    gate.set()
+    assert await h.settle()
+    assert await h.table("log", key) == logged(*(f"e{i}" for i in range(10)))
+    assert port_of(h, 0).acked == 10
+    assert h.worker is not None
+    batches = h.worker.metrics.registry.get_sample_value(
+        "streamapp_batch_size_count", {"agent": AGENT}
+    )
+    assert batches == 2  # e0, then e1-e9 together
+    queue = queue_name(h.topic, 0)
+    assert await on_broker(services.amqp, queue) == (0, 1)
+
+
 # --- DEFERRED -----------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from streamapp import Event, FromEventStore, Table, TableView
 from streamapp.agents.agent import Agent
@@ -186,11 +187,12 @@ async def test_a_replayed_event_failing_mid_chunk_is_retried_from_it_and_applied
 def test_a_share_iterates_indexes_and_slices_as_deliveries() -> None:
     from streamapp.engine.stored import Share, StoredDelivery
 
-    rows = [(10, "a", b"A"), (11, "b", b"B"), (12, "c", b"C"), (13, "d", b"D")]
+    rows = [(10, "a", 1, b"A"), (11, "b", 1, b"B"), (12, "c", 2, b"C"), (13, "d", 1, b"D")]
     share = Share(rows, [0, 2, 3], "topic", 5)
     assert len(share) == 3
     assert list(share) == [share[0], share[1], share[2]]
-    assert share[1] == StoredDelivery(12, "c", b"C", "topic", 5, ())
+    assert share[1] == StoredDelivery(12, "c", 2, b"C", "topic", 5, ())
+    assert share[1].version == 2
     assert share[1].key == b"c"
     assert share[1].headers == ()
     tail = share[1:]
@@ -243,6 +245,56 @@ async def test_replay_parts_cut_by_the_budget_and_chunk_edges_apply_every_event_
         assert positions == sorted(positions)  # each part's commit moves it forward
         assert len(changelog.batches) >= 60  # a part per event (the budget cut each)
         assert task.counts.replayed == 60
+    finally:
+        await task.close()
+        await feed.stop()
+        await store.close()
+
+
+async def test_the_replay_skips_what_its_tables_applied_by_the_store_column_undecoded(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A replay reads each row's stream version from the store's column: an event its
+    tables applied already (the per-key guard's skip, FILTERED) is passed over without
+    its payload being decoded; the rest decode and apply once."""
+    import streamapp.engine.replay as replay_module
+    from streamapp.failures.outcomes import Outcome
+    from streamapp.tables.partition import VERSIONS, encode_version
+
+    decoded: list[int] = []
+    decode = replay_module.decode_stored
+
+    def counting(delivery: Any) -> Event:
+        decoded.append(delivery.position)
+        return decode(delivery)
+
+    monkeypatch.setattr(replay_module, "decode_stored", counting)
+    seen: list[str] = []
+
+    async def handler(event: Event, view: TableView[int]) -> None:
+        seen.append(event.id)
+
+    agent = Agent("a", handler, TopicSpec("topic", 1), (TABLE,), history=FromEventStore())
+    store = await open_store(f"sqlite:///{tmp_path / 'events.db'}")
+    await store.append_many(
+        [Append("s", [Event.create("x", stream_id="s", id=f"s{v}")]) for v in range(1, 7)]
+        + [Append("t", [Event.create("x", stream_id="t", id="t1")])]
+    )
+    memory = MemoryStore(spaces_for([TABLE]))
+    memory.write({VERSIONS: {b"s": encode_version(4)}})  # s applied up to 4 (a handover)
+    feed = StoreFeed(store, chunk=50, poll_s=0.01)
+    task = feed_factory(feed).create(
+        agent, 0, MemoryPort(), name="topic[0]", open_store=lambda agent, spaces: memory
+    )
+    feed.start()
+    task.start()
+    try:
+        await until_live([task])
+        assert seen == ["s5", "s6", "t1"]
+        assert decoded == [5, 6, 7]  # positions 1-4 skipped by their column, undecoded
+        outcomes = task.outcomes
+        assert outcomes[Outcome.FILTERED] == 4
+        assert outcomes[Outcome.DELIVERED] == 3
     finally:
         await task.close()
         await feed.stop()

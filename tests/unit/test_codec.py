@@ -16,7 +16,7 @@ from cloudevents.v1.http import CloudEvent as V1CloudEvent
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streamapp import DecodeError, Event
+from streamapp import DataError, DecodeError, Event
 from streamapp.codecs.kafka import decode, encode, encode_structured
 from streamapp.events import CORE
 
@@ -442,11 +442,42 @@ def test_foreign_binary_header_is_ignored() -> None:
     assert event.extensions == {}
 
 
-def test_invalid_json_data_with_json_content_type() -> None:
+def test_invalid_json_data_with_json_content_type_is_a_data_error_where_first_read() -> None:
+    """The attributes decode up front; the data is parsed when first read: bad JSON
+    raises DataError (a DecodeError: NOT_DELIVERABLE) there, each time, never before."""
     headers = [*REQUIRED_HEADERS, ("content-type", b"application/json")]
-    reason = decode_error(None, b"{not json", headers)
-    assert "JSON" in reason
-    assert "application/json" in reason
+    event = decode(None, b"{not json", headers)
+    assert event.id == "evt-1"
+    for _ in range(2):
+        with pytest.raises(DataError) as info:
+            _ = event.data
+        assert "JSON" in info.value.reason
+        assert "application/json" in info.value.reason
+    assert "not readable" in repr(event)  # a log line never raises
+    assert event == decode(None, b"{not json", headers)  # nor does a comparison
+
+
+def test_json_data_is_parsed_once_when_first_read() -> None:
+    from streamapp.events import LazyEvent, data_unread, raw_data
+
+    headers = [*REQUIRED_HEADERS, ("content-type", b"application/json")]
+    event = decode(None, b'{"a": [1, 2]}', headers)
+    assert isinstance(event, LazyEvent)
+    assert data_unread(event)
+    assert raw_data(event) == b'{"a": [1, 2]}'
+    first = event.data
+    assert first == {"a": [1, 2]}
+    assert event.data is first  # read once: the value replaced the raw bytes
+    assert not data_unread(event)
+    plain = Event(
+        id="evt-1",
+        source="/tests",
+        type="order.placed",
+        data={"a": [1, 2]},
+        datacontenttype="application/json",
+    )
+    assert event == plain
+    assert plain == event
 
 
 def test_structured_not_json() -> None:
@@ -717,7 +748,7 @@ def _with_valid(extra: list[tuple[str, bytes]], at: int) -> list[tuple[str, byte
     value=_VALUES,
     parse_json=st.booleans(),
 )
-@example(  # wrong twice: a bad stream version and bad JSON (the one reason both give)
+@example(  # wrong twice: a bad stream version and bad JSON (data is read later: the version)
     headers=[*_VALID, ("content-type", b"application/json"), ("ce_streamversion", b"")],
     value=b"{",
     parse_json=True,

@@ -130,7 +130,7 @@ class EventStoreContract:
             rows = await store.read_rows(start, limit)
             assert all(type(row) is tuple for row in rows)  # not NamedTuples: see StoredRow
             events = await store.read_all(start, limit)
-            assert rows == [(r.position, r.stream_id, r.payload) for r in events]
+            assert rows == [(r.position, r.stream_id, r.version, r.payload) for r in events]
         reads = store.reads
         await store.read_rows(1, 1)
         assert store.reads == reads + 1

@@ -149,7 +149,6 @@ def test_key_falls_back_to_the_stream_id_header() -> None:
     ("body", "headers", "reason"),
     [
         (b"plain", [("x-trace", b"\xff")], "not a CloudEvent"),
-        (b"{not json", [*REQUIRED, ("content-type", b"application/json")], "not valid JSON"),
         (b"x", REQUIRED[:3], "lacks required attribute(s): specversion"),
         (b"x", [*REQUIRED[:3], ("cloudEvents_specversion", b"0.3")], "unsupported specversion"),
         (b"x", [*REQUIRED, ("cloudEvents_id", b"\xff")], "not valid UTF-8"),
@@ -169,3 +168,18 @@ def test_decode_failures_are_decode_errors_with_a_reason(
     with pytest.raises(DecodeError) as caught:
         decode(body, headers)
     assert reason in caught.value.reason
+
+
+def test_json_data_is_read_when_first_asked_and_bad_json_is_a_data_error_there() -> None:
+    """As on Kafka: the attributes decode up front, the body when the handler first
+    reads ``data`` (once); a body that is not JSON raises DataError there, every time."""
+    from streamapp import DataError
+
+    headers = [*REQUIRED, ("content-type", b"application/json")]
+    event = decode(b'{"n": 1}', headers)
+    assert event.data == {"n": 1}
+    assert event.data is event.data
+    bad = decode(b"{not json", headers)
+    for _ in range(2):
+        with pytest.raises(DataError, match="not valid JSON"):
+            _ = bad.data

@@ -14,7 +14,8 @@ from streamapp.agents.agent import Agent
 from streamapp.codecs import kafka as codec
 from streamapp.engine.attempts import Attempts
 from streamapp.engine.backoff import doubled
-from streamapp.engine.lane import Lane, run_lanes
+from streamapp.engine.lane import Lane
+from streamapp.engine.run import run_lanes
 from streamapp.engine.task_config import TaskConfig
 from streamapp.records import Delivery, DeliveryRecord
 from streamapp.testing import MemoryBroker, StuckRecordsError

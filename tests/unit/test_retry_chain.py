@@ -16,7 +16,8 @@ import pytest
 from streamapp import App, ConfigError, Event, Retry, Table, TableView
 from streamapp.codecs import kafka as codec
 from streamapp.engine.attempts import Attempts
-from streamapp.engine.lane import Lane, run_lanes
+from streamapp.engine.lane import Lane
+from streamapp.engine.run import run_lanes
 from streamapp.errors import OutputError
 from streamapp.records import DeliveryRecord
 from streamapp.testing import MemoryBroker

@@ -237,7 +237,7 @@ class PostgresEventStore(SqlEventStore):
     async def read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
         self.reads += 1
         rows: list[StoredRow] = await self._rows(
-            "SELECT position, stream_id, payload FROM streamapp_events "
+            f"SELECT {_COLUMNS} FROM streamapp_events "
             "WHERE position >= %s ORDER BY position LIMIT %s",
             (from_position, limit),
             "a read",

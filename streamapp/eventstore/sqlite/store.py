@@ -307,7 +307,7 @@ class SqliteEventStore(SqlEventStore):
 
     def _read_rows(self, from_position: int, limit: int) -> list[StoredRow]:
         rows: list[StoredRow] = self._conn.execute(
-            "SELECT position, stream_id, payload FROM streamapp_events "
+            "SELECT position, stream_id, version, payload FROM streamapp_events "
             "WHERE position >= ? ORDER BY position LIMIT ?",
             (from_position, limit),
         ).fetchall()

@@ -3,8 +3,11 @@
 RabbitMQ has no offsets, so positions are a per-partition delivery sequence assigned
 here, continuing from the task's checkpoint (``begin``). Each partition queue has its own
 channel, so a delivery tag, and an ``ack(multiple=True)``, concern that partition alone.
-Deliveries are kept in arrival order until settled and handed to the task only while it
-accepts them (``pause``/``resume``); the prefetch bounds how many the broker sends ahead.
+Deliveries are kept in arrival order until settled and handed to the task as they come,
+while it is not paused: a busy task queues them as its next batch (:mod:`streamapp.engine.ahead`),
+so batches grow with the load; the prefetch bounds how many the broker sends ahead. The
+port consumes on the client channel itself (aiormq's ``basic_consume``): no aio-pika
+message object and no second task per delivery.
 
 - ``settle(p)``: ack, with ``multiple=True``, up to the last delivery below ``p``.
 - ``rewind(p)``: the deliveries at and after ``p`` are held, then requeued (``nack``
@@ -38,12 +41,9 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NamedTuple
 
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractIncomingMessage,
-    AbstractRobustChannel,
-    AbstractRobustConnection,
-)
+from aio_pika.abc import AbstractChannel, AbstractRobustChannel, AbstractRobustConnection
+from aiormq.abc import AbstractChannel as ClientChannel
+from aiormq.abc import DeliveredMessage
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from ...engine.interfaces import NO_LANES, Committed
@@ -63,8 +63,8 @@ AWAIT_LIMIT_S = 30.0
 
 class _Entry(NamedTuple):
     delivery: DeliveryRecord
-    message: AbstractIncomingMessage
-    life: object
+    message: DeliveredMessage
+    life: ClientChannel
     """The client channel it came on (its tag means nothing on another)."""
 
 
@@ -102,17 +102,19 @@ class RabbitPartitionPort:
         self._consumer_tag: str | None = None
         self._entries: deque[_Entry] = deque()
         """Received, not settled, in position order."""
+        self._unhanded: list[DeliveryRecord] = []
+        """Received, not handed to the task yet (the tail of ``_entries``), in order."""
         self._next = 0
         """The position of the next delivery accepted."""
         self._handed = 0
         """Deliveries below this position were handed to the task."""
         self._paused = True
-        self._held: list[tuple[AbstractIncomingMessage, object]] = []
+        self._held: list[tuple[DeliveredMessage, ClientChannel]] = []
         """Rewound deliveries waiting for their requeue."""
         self._awaiting: bytes | None = None
         self._awaiting_since = 0.0
         self._last_requeue = 0.0
-        self._life: object | None = None
+        self._life: ClientChannel | None = None
         """The channel (client side) the current deliveries came on."""
         self._requeue_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -151,6 +153,7 @@ class RabbitPartitionPort:
         kept = [e for e in self._entries if e.delivery.position < position]
         rewound = [(e.message, e.life) for e in self._entries if e.delivery.position >= position]
         self._entries = deque(kept)
+        self._unhanded = []
         if rewound and self._awaiting is None:
             self._awaiting = _fingerprint(rewound[0][0])
         self._held += rewound
@@ -160,18 +163,18 @@ class RabbitPartitionPort:
         """Ack every delivery below ``position`` (one ack, ``multiple=True``). Agents
         ahead are not kept: AMQP has no offsets (a restart runs those deliveries through
         them again; agents with tables skip them by stream version)."""
-        last: AbstractIncomingMessage | None = None
-        entries = self._entries
+        last: DeliveredMessage | None = None
+        entries, life = self._entries, self._life
         count = 0
         while entries and entries[0].delivery.position < position:
             entry = entries.popleft()
-            if entry.life is self._life:
+            if entry.life is life:
                 last = entry.message
                 count += 1
-        if last is None:
+        if last is None or life is None:
             return
         try:
-            await last.ack(multiple=True)
+            await life.basic_ack(_tag(last), multiple=True)
             self.acked += count
         except Exception as exc:  # the channel died meanwhile: the broker redelivers
             log.info("%s: ack below position %d skipped (%r)", self.name, position, exc)
@@ -196,7 +199,7 @@ class RabbitPartitionPort:
             )
             self._fail(error)  # loud: the worker stops
             raise error
-        self._next = self._handed = position or 0
+        start = self._next = self._handed = position or 0
         try:
             channel = await self._connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
@@ -209,7 +212,7 @@ class RabbitPartitionPort:
         self._channel = channel
         self._heard = time.monotonic()
         log.info("%s: consuming queue %s (prefetch %d)", self.name, self.queue, self.prefetch)
-        return self._next
+        return start  # deliveries may have come while the consumer registered: from here
 
     # stalled (:mod:`.stalled`) ----------------------------------------------------------
     def idle_s(self) -> float | None:
@@ -250,15 +253,16 @@ class RabbitPartitionPort:
         (the client would re-declare the queue on a reconnect, and one missing queue would
         fail the whole connection's recovery): :meth:`_reopened` consumes again itself."""
         if isinstance(channel, AbstractRobustChannel):
-            robust = await channel.declare_queue(self.queue, passive=True, robust=False)
-            self._consumer_tag = await robust.consume(
-                self._on_message, no_ack=False, consumer_tag=self._consumer_tag, robust=False
-            )
-            return
-        queue = await channel.declare_queue(self.queue, passive=True)
-        self._consumer_tag = await queue.consume(
-            self._on_message, no_ack=False, consumer_tag=self._consumer_tag
+            await channel.declare_queue(self.queue, passive=True, robust=False)
+        else:
+            await channel.declare_queue(self.queue, passive=True)
+        # On the client channel itself: aio-pika's consumer would wrap each delivery in
+        # an IncomingMessage and a task of its own, beside the client's task per delivery.
+        underlay = await channel.get_underlay_channel()
+        consumed = await underlay.basic_consume(
+            self.queue, self._on_message, no_ack=False, consumer_tag=self._consumer_tag
         )
+        self._consumer_tag = consumed.consumer_tag
 
     async def _watch(self, channel: AbstractChannel | None) -> None:
         """Hear the broker's ``basic.cancel`` on the client channel under ``channel``."""
@@ -333,15 +337,15 @@ class RabbitPartitionPort:
         self._spawn(self._close_channel())  # not inline: we may run in its reader task
         self._fail(self.cancelled)
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: DeliveredMessage) -> None:
         """Called in delivery order (one task each, started in order): no await here."""
-        life = _life_of(message)
-        if life is None:  # its channel closed already: the broker redelivers it
+        life = message.channel
+        if life.is_closed:  # its channel closed already: the broker redelivers it
             return
         if life is not self._life:
             self._new_life(life)
         self._heard = time.monotonic()
-        if message.redelivered:
+        if message.delivery.redelivered:  # type: ignore[union-attr]  # a Basic.Deliver
             self.redelivered += 1
         if self._awaiting is not None:
             if self._held or _fingerprint(message) != self._awaiting:
@@ -354,14 +358,17 @@ class RabbitPartitionPort:
                     AWAIT_LIMIT_S,
                 )
             self._awaiting = None
-        key, value, headers = from_message(message.body, message.headers, message.content_type)
+        props = message.header.properties
+        key, value, headers = from_message(message.body, props.headers, props.content_type)
         position = self._next
         self._next += 1
         delivery = DeliveryRecord(self.topic, self.partition, position, key, value, headers)
         self._entries.append(_Entry(delivery, message, life))
-        self._hand()
+        self._unhanded.append(delivery)
+        if not self._paused:
+            self._hand()
 
-    def _new_life(self, channel: object) -> None:
+    def _new_life(self, channel: ClientChannel) -> None:
         if self._life is not None:
             log.warning(
                 "%s: the channel was re-opened; %d unsettled deliveries come again",
@@ -373,21 +380,26 @@ class RabbitPartitionPort:
         if self.on_renewed is not None:
             self.on_renewed()
         self._entries.clear()  # their tags died with the old channel
+        self._unhanded = []
         self._held.clear()
         self._awaiting = None
         self._handed = self._next
 
     def _hand(self) -> None:
-        if self._paused or not self._entries:
+        """Hand what the task has not had yet to it, in one list (the task takes it as
+        its next batch, or as the batch after the one in hand)."""
+        pending = self._unhanded
+        if self._paused or not pending:
             return
-        if getattr(self._life, "is_closed", False):  # they come again on the new channel
+        if self._life is not None and self._life.is_closed:  # they come again, on the new one
             self._entries = deque(e for e in self._entries if e.delivery.position < self._handed)
+            self._unhanded = []
             return
-        pending = [e.delivery for e in self._entries if e.delivery.position >= self._handed]
-        if pending and self._feed(pending):
+        if self._feed(pending):
+            self._unhanded = []
             self._handed = pending[-1].position + 1
 
-    def _requeue_soon(self, message: AbstractIncomingMessage, life: object) -> None:
+    def _requeue_soon(self, message: DeliveredMessage, life: ClientChannel) -> None:
         if self._held:  # still holding: requeued together, in order
             self._held.append((message, life))
         else:
@@ -405,7 +417,7 @@ class RabbitPartitionPort:
         # the first one, which comes back at once (an unknown tag closes the channel).
         # Below the last held tag nothing else is unacked: the task settled up to the
         # rewind position before rewinding.
-        last = max(live, key=lambda m: m.delivery_tag or 0)
+        last = max(live, key=_tag)
         self._spawn(_nack(last, self.name, multiple=True))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -445,25 +457,23 @@ class RabbitPartitionPort:
                 )
 
 
-async def _nack(message: AbstractIncomingMessage, name: str, *, multiple: bool) -> None:
+async def _nack(message: DeliveredMessage, name: str, *, multiple: bool) -> None:
     try:
-        await message.nack(requeue=True, multiple=multiple)
+        await message.channel.basic_nack(_tag(message), multiple=multiple, requeue=True)
     except Exception as exc:  # the channel died: the broker requeues it anyway
         log.info("%s: requeue skipped (%r)", name, exc)
 
 
-def _life_of(message: AbstractIncomingMessage) -> object | None:
-    """The client channel of ``message``; None once it is closed."""
-    try:
-        return message.channel
-    except Exception:  # aio-pika raises when the channel is closed
-        return None
+def _tag(message: DeliveredMessage) -> int:
+    """The delivery tag of a consumed message (a ``Basic.Deliver`` always has one)."""
+    return message.delivery.delivery_tag or 0  # type: ignore[union-attr]
 
 
-def _fingerprint(message: AbstractIncomingMessage) -> bytes:
+def _fingerprint(message: DeliveredMessage) -> bytes:
     """Identifies a message across a requeue: its ``message_id``, else its content."""
-    if message.message_id:
-        return message.message_id.encode()
+    properties = message.header.properties
+    if properties.message_id:
+        return str(properties.message_id).encode()
     digest = hashlib.blake2b(message.body, digest_size=16)
-    digest.update(repr(sorted((message.headers or {}).items())).encode())
+    digest.update(repr(sorted((properties.headers or {}).items())).encode())
     return digest.digest()

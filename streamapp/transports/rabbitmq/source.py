@@ -202,10 +202,16 @@ class RabbitSource:
         task: PartitionTask
 
         def feed(deliveries: list[DeliveryRecord]) -> bool:
-            if not task.accepting:
-                return False
-            task.feed(deliveries)
-            return True
+            """Deliveries received: the task's next batch, or the batch after the one in
+            hand (what arrives while a batch runs and commits runs next, in one batch, as
+            on Kafka: :mod:`streamapp.engine.ahead`); False: kept by the port for later."""
+            if task.accepting:
+                task.feed(deliveries, prefetch=True)
+                return True
+            if task.queueing:
+                task.ahead.add(deliveries)
+                return True
+            return False
 
         port = RabbitPartitionPort(
             self._connection,
