@@ -290,7 +290,7 @@ class KafkaSource:
                 # revoked (the lease ended) or not assigned: never fence the owner
                 assigned=lambda: self.lease.term is not None and tp in self._consumer.assignment(),
                 unconfirmed=self.lease.reason,
-                settled=lambda: self._commits.settled(tp),
+                settled=lambda position: self._commits.settled(tp, position),
             )
         port = KafkaPartitionPort(
             self._consumer,

@@ -72,7 +72,7 @@ class KafkaTransaction:
         writer: TransactionalWriter | None = None,
         assigned: Callable[[], bool] = lambda: True,
         unconfirmed: Callable[[], str | None] = lambda: None,
-        settled: Callable[[], Awaitable[None]] | None = None,
+        settled: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self._assigned = assigned
@@ -88,7 +88,8 @@ class KafkaTransaction:
         self.transactional_id = self.writer.transactional_id
         self._settled = settled
         """Until the source partition's offset commits made outside a transaction are
-        done: a transaction's offset must land after them, never before."""
+        done (at once when they end at the given position): a transaction's offset must
+        land after them, never before."""
         self.source, self.group_id, self._changelog = source, group_id, changelog
         self.timeout_s, self.stall_timeout_s = timeout_s, stall_timeout_s
         self.retention_ms = retention_ms
@@ -147,7 +148,7 @@ class KafkaTransaction:
         """Hand the batch to the writer's cycle and wait for its transaction; raises what
         failed it (FencedError, PublishError), for every partition of that transaction."""
         if settle is not None and self._settled is not None:
-            await self._settled()
+            await self._settled(settle.position)
         part = Part(
             self.source,
             [(self._topic(agent), records(batch)) for agent, batch in changes],
