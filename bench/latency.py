@@ -121,7 +121,7 @@ async def measure(
                         raise RuntimeError(f"{len(pending)} sampled events not applied in 60 s")
                 for key, (version, sent) in list(pending.items()):
                     _, task = assignment.owner_of("order_status", key)
-                    ptables = None if task is None else task.tables_for("order_status")
+                    ptables = None if task is None else task.state.tables_for("order_status")
                     assert ptables is not None, f"{key}: its partition is not served here"
                     if ptables.committed_version(key) >= version:
                         latencies.append(now - sent)

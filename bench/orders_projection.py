@@ -294,7 +294,7 @@ def committed_state(worker: Worker) -> dict[str, Any]:
     assert worker.source is not None
     state: dict[str, Any] = {}
     for task in worker.source.assignment.tasks.values():
-        tables = task.tables_for("order_status")
+        tables = task.state.tables_for("order_status")
         if tables is not None:
             state.update((str(k), v) for k, v in tables.view("order_status").items())
     return state

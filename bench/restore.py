@@ -92,7 +92,7 @@ async def restore_once(app: App, n_events: int) -> tuple[int, float]:
         records = sum(t.counts.restored for t in tasks.values())
         versions = 0
         for task in tasks.values():
-            ptables = task.tables_for("order_status")
+            ptables = task.state.tables_for("order_status")
             assert ptables is not None
             versions += sum(v["version"] for _, v in ptables.view("order_status").items())
         if versions != n_events:
