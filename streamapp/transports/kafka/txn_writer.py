@@ -21,6 +21,15 @@ rewinds to its checkpoint (:mod:`streamapp.engine.recover`), as Kafka Streams re
 every task of a failed commit. After a failure the producer is dropped; the next
 transaction starts a new one, whose ``InitProducerId`` ends (commits or aborts for good)
 a transaction of this id whose outcome the deadline left unknown.
+
+Not closed here: a zombie whose offsets the group coordinator accepted before the group
+moved on, and which sends its ``EndTxn`` only later (frozen in between for less than the
+producer's transaction timeout), still commits. Kafka Streams closes that window with
+the new owner's ``OffsetFetch`` with ``require_stable`` (v7, which waits for pending
+transactional offsets; aiokafka 0.14 defines v0-v3): here the new owner's restore stops
+at the open transaction (the last stable offset) and goes on without it, so such a
+zombie's batch would land in the changelog before the new owner's batches of the same
+records, and its derived events would be sent twice.
 """
 
 from __future__ import annotations
