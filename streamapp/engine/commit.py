@@ -66,9 +66,13 @@ class Commit:
 
     def durable(self) -> Committed | None:
         """The source position every live lane has durable before the batch in hand,
-        with the lanes beyond it (None: no lane has one yet, e.g. a replay)."""
+        with the lanes beyond it. None when a lane has none yet (a replay; a new table's
+        first batch, which its store checkpoint does not hold yet): that transaction
+        carries no offset, and the group does not check it."""
         held = [lane for lane in self.lanes if lane.committed is not None]
-        if not held:
+        if not held or any(
+            lane.tables is not None and lane.tables.checkpoint.live is None for lane in held
+        ):
             return None
         position = min(lane.committed for lane in held if lane.committed is not None)
         ahead = {
@@ -85,6 +89,7 @@ class Commit:
         settle the source up to ``settle_at`` (None: a replayed batch, nothing to
         settle). Raises StoreBehindError when a store write failed after step 1."""
         started = time.perf_counter()
+        durable = self.durable() if self.transaction is not None else None
         changes: list[tuple[Lane, BatchChanges]] = []
         for lane in self.lanes:
             tables = lane.tables
@@ -106,7 +111,7 @@ class Commit:
             in_txn = settle_at is not None and any(lane.tables is None for lane in self.lanes)
             settle = Committed(settle_at, ahead) if in_txn and settle_at is not None else None
             if settle is None:  # the group's check of this worker's membership
-                settle = self.durable()
+                settle = durable
             committed = await self.transaction.commit(
                 [(lane.agent, batch) for lane, batch in changes], outputs, settle
             )

@@ -27,6 +27,9 @@ partition's batch with derived events):
 - ``shared_between_writes``: after the first of the two partitions wrote its store,
   before the second did.
 
+At these points the writer's cycle waits up to ``SHARED_LINGER_S`` for a partition busy
+with a batch, so that the two partitions share transactions however loaded the machine.
+
 ``STREAMAPP_TEST_CRASH_BATCH`` is N (default 1). Before the kill, a JSON report goes to
 ``STREAMAPP_TEST_CRASH_REPORT`` (when set): the point, the source partition, the batch's
 end position (its checkpoint's ``live``) and the ``ce_id`` of each derived event, so that
@@ -47,6 +50,10 @@ from typing import Any, TypeVar
 
 POINTS = ("before_commit", "after_commit", "after_write", "after_settle")
 SHARED_POINTS = ("shared_after_commit", "shared_between_writes")
+SHARED_LINGER_S = 0.5
+"""How long a cycle waits for a busy partition's batch at the shared points (the
+writer's own bound is a few milliseconds: on a loaded machine two partitions could
+alternate, a transaction each, and never share one)."""
 AT = "STREAMAPP_TEST_CRASH_AT"
 BATCH = "STREAMAPP_TEST_CRASH_BATCH"
 TOPIC = "STREAMAPP_TEST_CRASH_TOPIC"
@@ -174,6 +181,14 @@ def install(crash: CrashPoint) -> None:
         if state is not None and (armed := _armed("after_commit", crash)) is not None:
             crash.kill(armed, "after_commit")
         return positions
+
+    if crash.at in SHARED_POINTS:  # both partitions' batches meet in one transaction
+        original_init = TransactionalWriter.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(self, *args, **{**kwargs, "linger_s": SHARED_LINGER_S})
+
+        TransactionalWriter.__init__ = functools.wraps(original_init)(init)  # type: ignore[method-assign]
 
     @around(TransactionalWriter, "run")
     async def run(original: Any, self: Any, parts: Any) -> Any:

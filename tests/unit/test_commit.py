@@ -169,7 +169,7 @@ async def test_with_tables_only_the_offset_settles_after_the_store_the_transacti
     await t.open()
     await t.process(records("e0", "e1"))
     (changes, _, settle), *_ = txn.commits
-    assert settle == Committed(0, {})  # durable before the batch, not the batch's end
+    assert settle is None  # a new table's first batch: no offset durable before it
     assert changes[0][1].checkpoint.live == 2
     assert order == [
         "transaction (store before: None)",
@@ -177,6 +177,10 @@ async def test_with_tables_only_the_offset_settles_after_the_store_the_transacti
         "settle 2",
     ]
     assert stores["keep"].get("t:kept", b"s") == b"2"
+    await t.process(records("e2", start=2))
+    (changes, _, settle) = txn.commits[-1]
+    assert settle == Committed(2, {})  # durable before the batch, not the batch's end
+    assert changes[0][1].checkpoint.live == 3
     await t.close()
 
 
