@@ -137,6 +137,7 @@ class KafkaTransaction:
             tables,
             self.stall_timeout_s,
             stale,
+            pending_s=self.writer.producer_timeout_s + PENDING_MARGIN_S,
         )
 
     async def commit(
@@ -196,6 +197,8 @@ async def restore(
     tables: PartitionTables,
     stall_timeout_s: float,
     stale: Callable[[], bool] = lambda: False,
+    *,
+    pending_s: float = 0.0,
 ) -> int:
     """Apply ``tp`` from the store's recorded changelog position to its end (committed
     batches only); returns the records applied. A store that is not of this changelog
@@ -214,7 +217,7 @@ async def restore(
         await consumer.start()
         consumer.assign([tp])
         consumer.pause(tp)  # read by the CommittedReader (the lineage check resumes it)
-        end = (await consumer.end_offsets([tp]))[tp]
+        end = await _settled_end(bootstrap, consumer, tp, pending_s)
         why = await mismatch(consumer, tp, tables.checkpoint, end, stall_timeout_s)
         if why is not None:
             log.warning(
@@ -261,6 +264,60 @@ async def restore(
     finally:
         await consumer.stop()
 
+
+PENDING_MARGIN_S = 5.0
+"""How much longer than a transaction's timeout a restore waits for one left open."""
+
+
+async def _settled_end(
+    bootstrap: str, consumer: AIOKafkaConsumer, tp: TopicPartition, pending_s: float
+) -> int:
+    """``tp``'s end for ``consumer`` (``read_committed``: its last stable offset), once no
+    transaction is open below the high watermark as it is now, waited for up to
+    ``pending_s``. A transaction left open on a changelog partition is another worker's
+    (a zombie's, or one killed mid-batch: the transactional id is each worker's, so this
+    worker's start does not end it): restored up to it, the store would take batches on
+    top of a batch that may still commit, and the next open would find the store past
+    the changelog's end. The broker aborts it after its timeout; its worker started
+    again aborts it at once."""
+    end = int((await consumer.end_offsets([tp]))[tp])
+    if pending_s <= 0:
+        return end
+    top = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_uncommitted"
+    )
+    await top.start()
+    try:
+        high = int((await top.end_offsets([tp]))[tp])
+    finally:
+        await top.stop()
+    if end >= high:
+        return end
+    log.info(
+        "%s[%d]: a transaction is open at offset %d (another worker's): restore waits up "
+        "to %.0fs for it to end",
+        tp.topic,
+        tp.partition,
+        end,
+        pending_s,
+    )
+    deadline = time.monotonic() + pending_s
+    while end < high and time.monotonic() < deadline:
+        await asyncio.sleep(PENDING_POLL_S)
+        end = int((await consumer.end_offsets([tp]))[tp])
+    if end < high:
+        log.warning(
+            "%s[%d]: a transaction still open at offset %d after %.0fs: restored up to it",
+            tp.topic,
+            tp.partition,
+            end,
+            pending_s,
+        )
+    return end
+
+
+PENDING_POLL_S = 0.2
+"""How often a restore asks whether a transaction left open has ended."""
 
 CHUNK = 20_000
 """Changelog records per restore write (atomic, with the position after them)."""

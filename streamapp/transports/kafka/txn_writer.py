@@ -22,14 +22,16 @@ every task of a failed commit. After a failure the producer is dropped; the next
 transaction starts a new one, whose ``InitProducerId`` ends (commits or aborts for good)
 a transaction of this id whose outcome the deadline left unknown.
 
-Not closed here: a zombie whose offsets the group coordinator accepted before the group
-moved on, and which sends its ``EndTxn`` only later (frozen in between for less than the
-producer's transaction timeout), still commits. Kafka Streams closes that window with
-the new owner's ``OffsetFetch`` with ``require_stable`` (v7, which waits for pending
-transactional offsets; aiokafka 0.14 defines v0-v3): here the new owner's restore stops
-at the open transaction (the last stable offset) and goes on without it, so such a
-zombie's batch would land in the changelog before the new owner's batches of the same
-records, and its derived events would be sent twice.
+A transaction left open by another worker (a zombie's, or one killed mid-batch) is no
+longer ended by the next owner's start, the transactional id being each worker's: the
+next owner's restore waits for it (:func:`~streamapp.transports.kafka.transaction.restore`,
+up to the producer's transaction timeout, :attr:`TransactionalWriter.producer_timeout_s`)
+before it reads the changelog. Not closed here: a zombie whose offsets the group
+coordinator accepted before the group moved on, but whose changelog records had not
+reached the broker when the new owner restored, can still commit by a late ``EndTxn``
+(Kafka Streams waits for such pending offsets with ``OffsetFetch`` ``require_stable``,
+v7, which aiokafka 0.14 does not define): its batch would then land in the changelog
+before the new owner's batches of the same records, its derived events twice.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ CYCLE_LINGER_S = 0.005
 BATCH_BYTES = 512 * 1024
 """The writer's record batch size: a batch's changelog records go out in few record
 batches (the broker takes up to 1 MB a batch by default)."""
+
+MIN_PRODUCER_TIMEOUT_S = 10.0
+"""The shortest transaction timeout the writer asks the broker for (setting
+``transaction_timeout_s`` above it gives that)."""
 
 ABORT_TIMEOUT_S = 5.0
 """Bound of an abort or a producer's stop: the broker may be away (the next producer's
@@ -116,6 +122,10 @@ class TransactionalWriter:
         self._abandoned: set[asyncio.Task[None]] = set()
         self.transactions = 0
         """Transactions committed (each one cycle)."""
+        self.producer_timeout_s = max(timeout_s, MIN_PRODUCER_TIMEOUT_S)
+        """The broker aborts a transaction of this writer left open this long (its
+        ``transaction.timeout.ms``): how long a zombie's or a killed worker's open
+        transaction can hold a changelog's restore (Kafka Streams: 10 s)."""
 
     async def start(self) -> None:
         """Start the producer unless it runs (after a failure: a new one)."""
@@ -272,6 +282,7 @@ class TransactionalWriter:
                     # a lingering batch holds up the transaction (its commit waits).
                     "linger_ms": 0,
                     "max_batch_size": BATCH_BYTES,
+                    "transaction_timeout_ms": int(self.producer_timeout_s * 1000),
                 }
             ),
         )
