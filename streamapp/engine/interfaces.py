@@ -88,15 +88,18 @@ class PartitionPort(Protocol):
 
 
 class Transaction(Protocol):
-    """One partition task's batches made durable atomically (Kafka: a transaction).
+    """One partition task's batches made durable atomically (Kafka: its share of the
+    worker's transaction of a poll cycle, which may hold other partitions' batches).
 
     A commit holds every agent's changelog records (its tables' changes and checkpoint),
-    every derived event sent, and the source position: all visible to ``read_committed``
-    readers, or none. A stable id per source partition fences a previous owner.
+    every derived event sent, and a source position: all visible to ``read_committed``
+    readers, or none. The position is committed with the source's own check of the
+    worker's ownership (Kafka: the group's generation), which fences a zombie.
     """
 
     async def open(self) -> None:
-        """Fence any previous owner of the partition (its open transaction is aborted)."""
+        """Make the partition's commits possible (Kafka: the worker's writer started,
+        which ends its own previous life's open transaction)."""
 
     async def restore(self, agent: Agent, tables: PartitionTables) -> int:
         """Bring ``agent``'s ``tables`` up to its changelog; the records restored."""
@@ -108,8 +111,10 @@ class Transaction(Protocol):
         outputs: Sequence[Message],
         settle: Committed | None,
     ) -> list[int]:
-        """Commit atomically; returns, per entry of ``changes``, the next changelog
-        position of its agent. Raises FencedError when another worker took over."""
+        """Commit atomically, ``settle`` with it; returns, per entry of ``changes``, the
+        next changelog position of its agent. Raises FencedError when another worker
+        took over, and whatever failed the transaction, which fails every partition of
+        it (each rewinds)."""
         ...
 
     async def reset(self) -> None:

@@ -16,6 +16,20 @@ set), it kills its own process with SIGKILL at the step named by
 - ``after_settle``: the source's offset committed at the broker (a coalesced commit:
   once it was answered).
 
+The partitions' batches commit in one transaction of the worker (its
+``TransactionalWriter``), which runs ``commit_transaction`` in its own task:
+``before_commit`` is armed for the transaction holding the Nth batch. Two more points
+kill in a transaction shared by two partitions, the Nth such transaction (each
+partition's batch with derived events):
+
+- ``shared_after_commit``: the shared transaction committed, before either
+  partition's store write;
+- ``shared_between_writes``: after the first of the two partitions wrote its store,
+  before the second did.
+
+At these points the writer's cycle waits up to ``SHARED_LINGER_S`` for a partition busy
+with a batch, so that the two partitions share transactions however loaded the machine.
+
 ``STREAMAPP_TEST_CRASH_BATCH`` is N (default 1). Before the kill, a JSON report goes to
 ``STREAMAPP_TEST_CRASH_REPORT`` (when set): the point, the source partition, the batch's
 end position (its checkpoint's ``live``) and the ``ce_id`` of each derived event, so that
@@ -35,6 +49,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 POINTS = ("before_commit", "after_commit", "after_write", "after_settle")
+SHARED_POINTS = ("shared_after_commit", "shared_between_writes")
+SHARED_LINGER_S = 0.5
+"""How long a cycle waits for a busy partition's batch at the shared points (the
+writer's own bound is a few milliseconds: on a loaded machine two partitions could
+alternate, a transaction each, and never share one)."""
 AT = "STREAMAPP_TEST_CRASH_AT"
 BATCH = "STREAMAPP_TEST_CRASH_BATCH"
 TOPIC = "STREAMAPP_TEST_CRASH_TOPIC"
@@ -62,12 +81,17 @@ class CrashPoint:
     topic: str | None = None
     report: str | None = None
     counted: int = 0
+    armed_outputs: Any = None
+    """The outputs of the batch armed (``before_commit``: its transaction is the one)."""
+    shared: dict[int, Any] | None = None
+    """The shared transaction armed: its batches (by id) and their partitions."""
+    shared_report: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls) -> CrashPoint:
         at = os.environ.get(AT, "")
-        if at not in POINTS:
-            raise SystemExit(f"{AT}={at!r}: name one of {', '.join(POINTS)}")
+        if at not in POINTS + SHARED_POINTS:
+            raise SystemExit(f"{AT}={at!r}: name one of {', '.join(POINTS + SHARED_POINTS)}")
         batch = int(os.environ.get(BATCH) or 1)
         return cls(at, batch, os.environ.get(TOPIC) or None, os.environ.get(REPORT) or None)
 
@@ -78,9 +102,9 @@ class CrashPoint:
         self.counted += 1
         return self.counted == self.batch
 
-    def kill(self, state: _Commit, point: str) -> None:
+    def kill(self, state: _Commit | None, point: str) -> None:
         """Report, then SIGKILL this process (no flush, no close, nothing after)."""
-        report = {**state.report, "point": point}
+        report = {**(state.report if state else self.shared_report), "point": point}
         if self.report:
             with open(self.report, "w") as f:
                 json.dump(report, f)
@@ -108,6 +132,7 @@ def install(crash: CrashPoint) -> None:
     from streamapp.tables.partition import PartitionTables
     from streamapp.transports.kafka.port import KafkaPartitionPort
     from streamapp.transports.kafka.transaction import KafkaTransaction
+    from streamapp.transports.kafka.txn_writer import TransactionalWriter
 
     def around(cls: Any, name: str) -> Callable[[F], F]:
         """Replace method ``name`` of ``cls`` by ``wrapper(original, self, ...)``."""
@@ -136,24 +161,71 @@ def install(crash: CrashPoint) -> None:
         original: Any, self: Any, changes: Any, outputs: Any, settle: Any
     ) -> Any:
         state = _current.get()
-        if state is not None and crash.counts(outputs):
-            lives = [batch.checkpoint.live for _, batch in changes]
+        lives = [batch.checkpoint.live for _, batch in changes]
+        _batches[id(outputs)] = (self.source, changes, lives)
+        if crash.at in POINTS and state is not None and crash.counts(outputs):
             state.armed, state.writes_left = True, len(changes)
+            crash.armed_outputs = outputs
+            _armed_reports.append(state)
             state.report = {
                 "topic": self.source.topic,
                 "partition": self.source.partition,
                 "live": max((p for p in lives if p is not None), default=None),
                 "settle": None if settle is None else settle.position,
-                "outputs": [dict(m.headers).get("ce_id", b"").decode() for m in outputs],
+                "outputs": _ids(outputs),
             }
-        positions = await original(self, changes, outputs, settle)
+        try:
+            positions = await original(self, changes, outputs, settle)
+        finally:
+            _batches.pop(id(outputs), None)
         if state is not None and (armed := _armed("after_commit", crash)) is not None:
             crash.kill(armed, "after_commit")
         return positions
 
+    if crash.at in SHARED_POINTS:  # both partitions' batches meet in one transaction
+        original_init = TransactionalWriter.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(self, *args, **{**kwargs, "linger_s": SHARED_LINGER_S})
+
+        TransactionalWriter.__init__ = functools.wraps(original_init)(init)  # type: ignore[method-assign]
+
+    @around(TransactionalWriter, "run")
+    async def run(original: Any, self: Any, parts: Any) -> Any:
+        """Arms ``before_commit`` for the transaction holding the armed batch, and the
+        shared points for the Nth transaction of two partitions' batches with sends."""
+        holds = any(part.outputs is crash.armed_outputs for part in parts)
+        token = _in_txn.set(holds)
+        shared = crash.at in SHARED_POINTS and _two_partitions(parts)
+        if shared:
+            crash.counted += 1
+            shared = crash.counted == crash.batch
+        try:
+            result = await original(self, parts)
+        finally:
+            _in_txn.reset(token)
+        if shared:
+            batches: dict[int, Any] = {}
+            report: dict[str, Any] = {}
+            for part in parts:
+                source, changes, lives = _batches[id(part.outputs)]
+                for _, batch in changes:
+                    batches[id(batch)] = source.partition
+                report[str(source.partition)] = {
+                    "live": max((p for p in lives if p is not None), default=None),
+                    "outputs": _ids(part.outputs),
+                }
+            crash.shared_report = {"topic": parts[0].source.topic, "partitions": report}
+            if crash.at == "shared_after_commit":
+                crash.kill(None, "shared_after_commit")
+            crash.shared = batches
+        return result
+
     @around(AIOKafkaProducer, "commit_transaction")
     async def commit_transaction(original: Any, self: Any) -> Any:
         armed = _armed("before_commit", crash)
+        if armed is None and crash.at == "before_commit" and _in_txn.get():
+            armed = _report_of()  # the writer's task runs the armed batch's transaction
         if armed is not None:
             await self.flush()  # every send of the batch reached the broker
             crash.kill(armed, "before_commit")
@@ -163,6 +235,13 @@ def install(crash: CrashPoint) -> None:
 
     def write(self: Any, *args: Any, **kwargs: Any) -> None:
         original_write(self, *args, **kwargs)
+        shared = crash.shared
+        batch = args[0] if args else kwargs.get("batch")
+        if shared is not None and id(batch) in shared:
+            partition = shared.pop(id(batch))
+            if partition not in shared.values():  # every lane of that partition wrote
+                crash.shared_report["written"] = partition
+                crash.kill(None, "shared_between_writes")
         armed = _armed("after_write", crash)
         if armed is not None:
             armed.writes_left -= 1
@@ -179,6 +258,31 @@ def install(crash: CrashPoint) -> None:
             if self.commits is not None:  # coalesced: until the broker answered it
                 await self.commits.settled(self.tp)
             crash.kill(armed, "after_settle")
+
+
+_in_txn: contextvars.ContextVar[bool] = contextvars.ContextVar("crashpoint_txn", default=False)
+"""Set while the writer runs the transaction holding the armed batch."""
+_batches: dict[int, Any] = {}
+"""Batches handed to the writer, by ``id(outputs)``: source, changes, checkpoints' live."""
+_armed_reports: list[_Commit] = []
+
+
+def _ids(outputs: Sequence[Any]) -> list[str]:
+    return [dict(m.headers).get("ce_id", b"").decode() for m in outputs]
+
+
+def _two_partitions(parts: Sequence[Any]) -> bool:
+    """Batches of two partitions or more, each with derived events."""
+    with_sends = {part.source for part in parts if part.outputs}
+    return len(with_sends) >= 2
+
+
+def _report_of() -> _Commit | None:
+    """The armed batch's commit state (its report)."""
+    for state in _armed_reports:
+        if state.armed:
+            return state
+    return None
 
 
 def main() -> None:

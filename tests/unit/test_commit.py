@@ -137,12 +137,14 @@ async def test_one_transaction_holds_changelogs_sends_and_the_position_with_lane
     await t.close()
 
 
-async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_transaction(
+async def test_with_tables_only_the_offset_settles_after_the_store_the_transaction_has_the_last(
     tmp_path: Path,
 ) -> None:
-    """Every lane resumes from its checkpoint (in the transaction), so the offset needs
-    no transactional commit: it is settled once the store holds the batch. The RocksDB
-    store logs its write: a settle before it fails here."""
+    """Every lane resumes from its checkpoint (in the transaction), so the batch's offset
+    needs no transactional commit: it is settled once the store holds the batch. The
+    transaction carries the offset durable before the batch (the group coordinator's
+    check of the worker's generation fences a zombie with it). The RocksDB store logs
+    its write: a settle before it fails here."""
     app = App("t")
     kept: Table[int] = Table("kept")
     stores: dict[str, Store] = {}
@@ -167,7 +169,7 @@ async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_tr
     await t.open()
     await t.process(records("e0", "e1"))
     (changes, _, settle), *_ = txn.commits
-    assert settle is None
+    assert settle is None  # a new table's first batch: no offset durable before it
     assert changes[0][1].checkpoint.live == 2
     assert order == [
         "transaction (store before: None)",
@@ -175,6 +177,10 @@ async def test_with_tables_only_the_offset_settles_after_the_store_not_in_the_tr
         "settle 2",
     ]
     assert stores["keep"].get("t:kept", b"s") == b"2"
+    await t.process(records("e2", start=2))
+    (changes, _, settle) = txn.commits[-1]
+    assert settle == Committed(2, {})  # durable before the batch, not the batch's end
+    assert changes[0][1].checkpoint.live == 3
     await t.close()
 
 

@@ -4,6 +4,7 @@ co-partitioned reads: registration rules and where a read finds its table."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from streamapp.engine.assignment import Assignment
 from streamapp.errors import TableUnavailableError
 from streamapp.testing import MemoryBroker, StuckRecordsError
 from streamapp.transports.kafka.port import offset_metadata, parse_metadata
-from streamapp.transports.kafka.source import transactional_id
+from streamapp.transports.kafka.txn_writer import WorkerId
 
 
 def _ev(name: str, sid: str = "s", type: str = "x") -> Event:
@@ -181,8 +182,21 @@ def test_offset_metadata_round_trips_and_ignores_foreign_metadata() -> None:
         assert parse_metadata(foreign) == {}
 
 
-def test_transactional_id_is_per_source_partition() -> None:
-    assert transactional_id("app", "orders", 3) == "app-orders-3"
+def test_the_transactional_id_is_the_workers_kept_in_its_data_dir(tmp_path: Path) -> None:
+    """One per worker (exactly-once v2), the same after a restart on the same data
+    directory, another one for a second worker on it while the first holds it."""
+    first = WorkerId(tmp_path, "app")
+    kept = first.acquire()
+    try:
+        second = WorkerId(tmp_path, "app")
+        other = second.acquire()
+        assert other != kept
+        second.release()
+    finally:
+        first.release()
+    again = WorkerId(tmp_path, "app")
+    assert again.acquire() == kept
+    again.release()
 
 
 async def test_an_agent_reads_the_committed_table_of_another_agent_of_its_topic() -> None:

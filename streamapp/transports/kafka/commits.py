@@ -34,6 +34,8 @@ class OffsetCommits:
         self._consumer = consumer
         self.timeout_s = timeout_s
         self._pending: dict[TopicPartition, tuple[int, str]] = {}
+        self._latest: dict[TopicPartition, int] = {}
+        """The last position recorded per partition (what every commit ends at)."""
         self._in_flight: frozenset[TopicPartition] = frozenset()
         self._sending: asyncio.Task[None] | None = None
         self._closed = False
@@ -53,12 +55,18 @@ class OffsetCommits:
         if self._closed:  # the consumer is stopping: the checkpoints hold
             return
         self._pending[tp] = (offset, metadata)
+        self._latest[tp] = offset
         if self._sending is None or self._sending.done():
             self._sending = asyncio.create_task(self._send(), name="offset commits")
 
-    async def settled(self, tp: TopicPartition) -> None:
+    async def settled(self, tp: TopicPartition, position: int | None = None) -> None:
         """Until no commit of ``tp`` recorded here is pending or in flight: before an
-        offset of ``tp`` goes into a transaction, so that this one cannot land after it."""
+        offset of ``tp`` goes into a transaction, so that this one cannot land after it.
+        At once when that offset is ``position``, the last one recorded: whichever lands
+        last, the partition ends at it (a transaction's offset that restates what is
+        durable already, :mod:`streamapp.engine.commit`, does not wait for a round trip)."""
+        if position is not None and self._latest.get(tp) == position:
+            return
         while (tp in self._pending or tp in self._in_flight) and not self._idle():
             await asyncio.shield(self._sending)  # type: ignore[arg-type]
 

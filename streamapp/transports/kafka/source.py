@@ -29,6 +29,7 @@ from ...engine.interfaces import TaskMetrics
 from ...engine.lease import Lease
 from ...engine.metrics import NO_METRICS
 from ...engine.parking import parker
+from ...engine.phase import LiveState
 from ...engine.task import PartitionTask
 from ...engine.task_config import TaskConfig
 from ...engine.task_surface import HistoryFeed
@@ -49,6 +50,8 @@ from .sink import KafkaSink
 from .topology import check_new_lanes, check_topics, delete_retention_ms
 from .transaction import KafkaTransaction
 from .txn_backoff import shorten_concurrent_transactions_backoff
+from .txn_offsets import Member
+from .txn_writer import TransactionalWriter, WorkerId
 
 log = logging.getLogger("streamapp.kafka")
 POLL_STOP_GRACE_S = 2.0
@@ -67,10 +70,11 @@ class KafkaSource:
     """Consumes every agent's source topic as one member of the app's group.
 
     One partition task per (topic, partition) runs every agent of the topic. Its commits
-    are Kafka transactions (changelogs, derived events, retry-chain copies, and the offset
-    when an agent has no tables and so no checkpoint) when an agent of the topic has
-    tables, sends derived events or uses ``Retry``; the other offset commits go out
-    coalesced (:mod:`streamapp.transports.kafka.commits`), once the batch is durable. Partitions
+    go into the worker's one transaction per poll cycle (:mod:`.txn_writer`: changelogs,
+    derived events, retry-chain copies, and the offset with the group's generation) when
+    an agent of the topic has tables, sends derived events or uses ``Retry``; the other
+    offset commits go out coalesced (:mod:`streamapp.transports.kafka.commits`), once the
+    batch is durable. Partitions
     are assigned round robin, or by range when an agent reads another's table: range
     gives partition ``p`` of every topic with the same partition count to the same
     member (co-partitioning; every member subscribes to every topic).
@@ -130,6 +134,9 @@ class KafkaSource:
         self._commits = OffsetCommits(
             self._consumer, min(FLUSH_TIMEOUT_S, settings.rebalance_timeout_ms / 4000)
         )
+        self._worker_id = WorkerId(settings.data_dir, app.id)
+        self._writer: TransactionalWriter | None = None
+        """The worker's one transactional producer (made at start when a task needs it)."""
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._suspended: dict[tuple[str, int], PartitionTask] = {}
@@ -156,6 +163,15 @@ class KafkaSource:
         await with_startup_retry(self.settings, "Kafka consumer", self._consumer.start)
         await with_startup_retry(self.settings, "Kafka owner's lease", self._heartbeats.start)
         deliver_records(self._consumer)  # no ConsumerRecord built per record
+        if any(_transactional(self.app.agents_of(t)) for t in self._topics):
+            self._writer = TransactionalWriter(
+                self.settings.kafka_bootstrap,
+                f"{self.app.id}-{self._worker_id.acquire()}",
+                group_id=self.settings.group_id,
+                timeout_s=self.settings.transaction_timeout_s,
+                member=lambda: group_member(self._consumer),
+                busy=self._busy,
+            )
         self._consumer.subscribe(list(self._topics), listener=_Listener(self))
         self._loop_task = asyncio.create_task(self._poll_loop(), name="poll loop")
 
@@ -180,6 +196,17 @@ class KafkaSource:
         await self._close_suspended()
         if self._admin is not None:
             await self._admin.close()
+        if self._writer is not None:
+            await self._writer.close()
+        self._worker_id.release()
+
+    def _busy(self) -> list[TopicPartition]:
+        """Source partitions whose task handles a live batch (a cycle waits for them)."""
+        return [
+            TopicPartition(topic, p)
+            for (topic, p), task in self.assignment.tasks.items()
+            if task.live_state is LiveState.HANDLING
+        ]
 
     async def wait(self) -> None:
         """Until the poll loop ends (it raises when the consumer fails for good)."""
@@ -248,20 +275,22 @@ class KafkaSource:
         name = f"{tp.topic}[{p}]"
         agents = app.agents_of(topic.name)
         transaction = None
-        if any(a.tables or a.sinks or isinstance(a.on_failure, Retry) for a in agents):
+        if _transactional(agents):
+            assert self._writer is not None
             transaction = KafkaTransaction(
                 settings.kafka_bootstrap,
-                transactional_id(app.id, topic.name, p),
+                self._writer.transactional_id,
                 tp,
                 settings.group_id,
                 app.changelog_topic,
                 timeout_s=settings.transaction_timeout_s,
                 stall_timeout_s=settings.restore_stall_timeout_s,
                 retention_ms=self._retention,
+                writer=self._writer,
                 # revoked (the lease ended) or not assigned: never fence the owner
                 assigned=lambda: self.lease.term is not None and tp in self._consumer.assignment(),
                 unconfirmed=self.lease.reason,
-                settled=lambda: self._commits.settled(tp),
+                settled=lambda position: self._commits.settled(tp, position),
             )
         port = KafkaPartitionPort(
             self._consumer,
@@ -329,10 +358,9 @@ class KafkaSource:
                 log.error("closing %s failed: %r", task.name, result)
 
 
-def transactional_id(app_id: str, topic: str, partition: int) -> str:
-    """The transactional id of a source partition's task: stable, so that the next owner
-    fences the previous one (one per input partition, PITFALLS.md)."""
-    return f"{app_id}-{topic}-{partition}"
+def _transactional(agents: Iterable[Agent]) -> bool:
+    """Whether the tasks of these agents' topic commit in transactions."""
+    return any(a.tables or a.sinks or isinstance(a.on_failure, Retry) for a in agents)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -352,10 +380,22 @@ def current_generation(consumer: AIOKafkaConsumer) -> Generation | None:
     """The generation and member id of ``consumer``'s assignment, read in the assignment
     callback. aiokafka keeps them on its group coordinator only (``generation``,
     ``member_id``, set by the JoinGroup it completed), with no public accessor."""
+    member = group_member(consumer)
+    if member is None:
+        log.warning("the group generation is not known: views do not forward until it is")
+        return None
+    return Generation(member.generation_id, member.member_id)
+
+
+def group_member(consumer: AIOKafkaConsumer) -> Member | None:
+    """``consumer``'s generation and member id as its group coordinator holds them now
+    (None: not a member, e.g. removed from the group and not joined again): what a
+    transaction's offsets are committed with."""
     coordinator = getattr(consumer, "_coordinator", None)
     number = getattr(coordinator, "generation", None)
     member_id = getattr(coordinator, "member_id", None)
     if not isinstance(number, int) or number < 0 or not isinstance(member_id, str):
-        log.warning("the group generation is not known: views do not forward until it is")
         return None
-    return Generation(number, member_id)
+    if not member_id:
+        return None
+    return Member(number, member_id)
