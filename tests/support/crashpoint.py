@@ -38,6 +38,7 @@ the test can check what is durable where at that very point.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import json
@@ -51,6 +52,9 @@ from typing import Any, TypeVar
 POINTS = ("before_commit", "after_commit", "after_write", "after_settle")
 SHARED_POINTS = ("shared_after_commit", "shared_between_writes")
 SHARED_LINGER_S = 0.5
+SHARED_MEET_S = 10.0
+"""At the shared points, how long a cycle before the shared one waits for a second
+partition's part (then it commits what it has)."""
 """How long a cycle waits for a busy partition's batch at the shared points (the
 writer's own bound is a few milliseconds: on a loaded machine two partitions could
 alternate, a transaction each, and never share one)."""
@@ -189,6 +193,20 @@ def install(crash: CrashPoint) -> None:
             original_init(self, *args, **{**kwargs, "linger_s": SHARED_LINGER_S})
 
         TransactionalWriter.__init__ = functools.wraps(original_init)(init)  # type: ignore[method-assign]
+
+        @around(TransactionalWriter, "_gather")
+        async def gather(original: Any, self: Any) -> Any:
+            """Until the shared transaction is reached, a cycle also waits (bounded) for
+            a part of a second partition: whether two partitions' batches meet in one
+            cycle is otherwise a matter of timing (both have thousands of events to go,
+            so the second one's part comes)."""
+            await original(self)
+            if crash.counted >= crash.batch:
+                return
+            for _ in range(int(SHARED_MEET_S / 0.005)):
+                if len({part.source for part in self._queue if part.outputs}) >= 2:
+                    return
+                await asyncio.sleep(0.005)
 
     @around(TransactionalWriter, "run")
     async def run(original: Any, self: Any, parts: Any) -> Any:
