@@ -39,6 +39,7 @@ from ...records import Delivery
 from ...settings.settings import Settings
 from ...tables.store import Store, rocks_opener
 from ...topics import TopicSpec
+from .assignor import ACCEPTABLE_LAG, Holdings, StickyAssignor
 from .commits import FLUSH_TIMEOUT_S, OffsetCommits
 from .connection import with_startup_retry
 from .fetched import as_deliveries, deliver_records, position_of
@@ -46,6 +47,7 @@ from .lease import HeartbeatLease
 from .members import Generation
 from .port import KafkaPartitionPort
 from .sink import KafkaSink
+from .standby import Standbys
 from .topology import check_new_lanes, check_topics, delete_retention_ms
 from .transaction import KafkaTransaction
 from .txn_backoff import shorten_concurrent_transactions_backoff
@@ -71,9 +73,10 @@ class KafkaSource:
     when an agent has no tables and so no checkpoint) when an agent of the topic has
     tables, sends derived events or uses ``Retry``; the other offset commits go out
     coalesced (:mod:`streamapp.transports.kafka.commits`), once the batch is durable. Partitions
-    are assigned round robin, or by range when an agent reads another's table: range
-    gives partition ``p`` of every topic with the same partition count to the same
-    member (co-partitioning; every member subscribes to every topic).
+    are assigned by :mod:`streamapp.transports.kafka.assignor` (sticky, standby-aware,
+    co-partitioned when an agent reads another's table), with round robin, or range
+    for co-partitioning, offered after it for a group of older workers. The standby
+    partitions it gives are kept by :mod:`streamapp.transports.kafka.standby`.
     """
 
     def __init__(
@@ -108,7 +111,23 @@ class KafkaSource:
         )
         self._retention: dict[str, int] = {}
         self._admin: AIOKafkaAdminClient | None = None
-        assignor = RangePartitionAssignor if app.copartitioned else RoundRobinPartitionAssignor
+        fallback = RangePartitionAssignor if app.copartitioned else RoundRobinPartitionAssignor
+        self.standbys = self.assignment.standbys = Standbys(
+            app,
+            settings.kafka_bootstrap,
+            lambda agent, p: rocks_opener(settings, app.id, agent.name, p),
+            None if history is None else history.identity,
+        )
+        self._owned: Holdings = Holdings()
+        """What the last assignment gave this worker: the assignor sends it at a join."""
+        self._assignor = StickyAssignor(
+            self._held,
+            settings.standby_replicas,
+            app.copartitioned,
+            warmups=settings.standby_replicas > 0,
+        )
+        self._warmups: frozenset[TopicPartition] = frozenset()
+        """Standbys to take over once caught up: then a probing rebalance is asked."""
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.kafka_bootstrap,
             group_id=settings.group_id,
@@ -123,7 +142,7 @@ class KafkaSource:
             max_poll_records=settings.fetch_max_records,
             max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
             fetch_max_bytes=settings.fetch_max_bytes,
-            partition_assignment_strategy=(assignor,),
+            partition_assignment_strategy=(self._assignor, fallback),
         )
         # A revoke flushes them within a quarter of the rebalance timeout (a batch in
         # hand may take half of it).
@@ -173,6 +192,7 @@ class KafkaSource:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._release(list(self.assignment.tasks))
         await self._close_suspended()
+        await self.standbys.close()
         await self._commits.close()
         await self._heartbeats.stop()
         await self._consumer.stop()
@@ -199,6 +219,8 @@ class KafkaSource:
     async def _poll_loop(self) -> None:
         consumer, tasks = self._consumer, self.assignment.tasks
         while not self._stopping:
+            if self._warmups and not self.assignment.rebalancing:
+                self._probe()
             try:
                 fetched = await consumer.getmany(timeout_ms=self.settings.poll_timeout_ms)
             except KafkaError as exc:
@@ -217,6 +239,16 @@ class KafkaSource:
                     task.ahead.add(as_deliveries(records))
                 else:
                     task.dropped()
+
+    def _probe(self) -> None:
+        """Once every warm-up standby is caught up, ask the group to rebalance (a probing
+        rebalance: the assignor moves their partitions here, :mod:`.assignor` rule 6)."""
+        lags = self.standbys.held()
+        if all(0 <= lags.get(tp, -1) <= ACCEPTABLE_LAG for tp in self._warmups):
+            names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(self._warmups))
+            log.info("warm-up standbys of %s caught up: asking the group to rebalance", names)
+            self._warmups = frozenset()
+            request_rejoin(self._consumer)
 
     def _rewind_unowned(self, tp: TopicPartition, offset: int) -> None:
         try:
@@ -279,6 +311,11 @@ class KafkaSource:
             agents, p, port, name=name, open_store=open_store, transaction=transaction
         )
 
+    def _held(self) -> Holdings:
+        """What this worker holds, for the assignor's metadata at a join: the partitions
+        of its last assignment and its standbys with their lag."""
+        return Holdings(self._owned.generation, self._owned.active, self.standbys.held())
+
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         """The group took ``revoked`` away (the rebalance listener's first half): the
         rebalance starts, the lease ends, their tasks are suspended, kept open."""
@@ -291,10 +328,17 @@ class KafkaSource:
         """The group gave ``assigned`` (the rebalance listener's second half): the lease
         begins with the new generation, their tasks start (or go on), the rest close."""
         generation = current_generation(self._consumer)  # before any await
+        given = self._assignor.take()
         if generation is not None:  # the assignment confirms it (the group's SyncGroup)
             self.lease.begin(generation, time.monotonic())
+            self._owned = Holdings(generation.number, frozenset(assigned))
+        # a promoted standby's stores close before its task opens them (their lock)
+        await self.standbys.drop((tp.topic, tp.partition) for tp in assigned)
         self._acquire(assigned)  # kept tasks it hands back go on from where they were
         await self._close_suspended()
+        if not self._stopping:
+            await self.standbys.update(given.standby - assigned)
+            self._warmups = given.warmup - assigned
         self.generation = generation
         self.assignment.rebalancing = False
 
@@ -359,3 +403,14 @@ def current_generation(consumer: AIOKafkaConsumer) -> Generation | None:
         log.warning("the group generation is not known: views do not forward until it is")
         return None
     return Generation(number, member_id)
+
+
+def request_rejoin(consumer: AIOKafkaConsumer) -> None:
+    """Make ``consumer`` join its group again (a rebalance). aiokafka has it on its group
+    coordinator only (``request_rejoin``), with no public accessor."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    rejoin = getattr(coordinator, "request_rejoin", None)
+    if callable(rejoin):
+        rejoin()
+    else:
+        log.warning("the consumer cannot be asked to rejoin its group: no probing rebalance")
