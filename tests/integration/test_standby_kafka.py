@@ -135,8 +135,8 @@ async def _scan(http: aiohttp.ClientSession, w: WorkerProc) -> dict[str, Any]:
     """The whole table as one worker's scan answers it (merged across the workers)."""
     out: dict[str, Any] = {}
     cursor = ""
-    for _ in range(10_000):  # bounded: pages of 5,000
-        url = f"http://127.0.0.1:{w.port}/tables/order_status?limit=5000&cursor={cursor}"
+    for _ in range(10_000):  # bounded: pages of 1,000
+        url = f"http://127.0.0.1:{w.port}/tables/order_status?limit=1000&cursor={cursor}"
 
         async def page_of(url: str = url) -> Any:
             status, page, _ = await _get(http, url)

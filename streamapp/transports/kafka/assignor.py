@@ -44,9 +44,11 @@ rules, in this order (:func:`plan`, pure and unit-tested):
 aiokafka calls an assignor's ``metadata`` at each join and ``on_assignment`` before the
 rebalance listener's ``on_partitions_assigned``: :class:`StickyAssignor` asks the
 source what it holds for the first and keeps the standbys of the second for the
-source to take (:meth:`StickyAssignor.take_standbys`). The source offers the range or
-round-robin assignor after it, so a group of workers of an older streamapp still
-agrees on one (no standbys, no warm-ups then).
+source to take (:meth:`StickyAssignor.take`). It is the only assignor the source
+offers: aiokafka 0.14 sends one JoinGroup per assignor offered, each with the protocols
+listed so far, and a group whose members join with two protocol lists keeps
+rebalancing. So every worker of a group must run this assignor: a group of workers of
+an older streamapp (range or round robin) is stopped before the new ones start.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
 from ...agents.agent import Agent
@@ -74,9 +72,8 @@ class KafkaSource:
     tables, sends derived events or uses ``Retry``; the other offset commits go out
     coalesced (:mod:`streamapp.transports.kafka.commits`), once the batch is durable. Partitions
     are assigned by :mod:`streamapp.transports.kafka.assignor` (sticky, standby-aware,
-    co-partitioned when an agent reads another's table), with round robin, or range
-    for co-partitioning, offered after it for a group of older workers. The standby
-    partitions it gives are kept by :mod:`streamapp.transports.kafka.standby`.
+    co-partitioned when an agent reads another's table); the standby partitions it
+    gives are kept by :mod:`streamapp.transports.kafka.standby`.
     """
 
     def __init__(
@@ -111,7 +108,6 @@ class KafkaSource:
         )
         self._retention: dict[str, int] = {}
         self._admin: AIOKafkaAdminClient | None = None
-        fallback = RangePartitionAssignor if app.copartitioned else RoundRobinPartitionAssignor
         self.standbys = self.assignment.standbys = Standbys(
             app,
             settings.kafka_bootstrap,
@@ -119,7 +115,9 @@ class KafkaSource:
             None if history is None else history.identity,
         )
         self._owned: Holdings = Holdings()
-        """What the last assignment gave this worker: the assignor sends it at a join."""
+        """What the last assignment gave this worker (its partitions)."""
+        self._holdings: Holdings = Holdings()
+        """What the assignor sends at a join: taken once per rebalance (:meth:`_held`)."""
         self._assignor = StickyAssignor(
             self._held,
             settings.standby_replicas,
@@ -142,7 +140,9 @@ class KafkaSource:
             max_poll_records=settings.fetch_max_records,
             max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
             fetch_max_bytes=settings.fetch_max_bytes,
-            partition_assignment_strategy=(self._assignor, fallback),
+            # one assignor only: aiokafka 0.14 sends one JoinGroup per assignor offered
+            # (each with the protocols so far), which keeps a group rebalancing
+            partition_assignment_strategy=(self._assignor,),
         )
         # A revoke flushes them within a quarter of the rebalance timeout (a batch in
         # hand may take half of it).
@@ -313,14 +313,21 @@ class KafkaSource:
 
     def _held(self) -> Holdings:
         """What this worker holds, for the assignor's metadata at a join: the partitions
-        of its last assignment and its standbys with their lag."""
-        return Holdings(self._owned.generation, self._owned.active, self.standbys.held())
+        of its last assignment and its standbys with their lag, as of the rebalance's
+        start (:meth:`revoked`). Never newer: a member that joins again with other
+        metadata while the group completes a rebalance starts another one, and lags
+        move all the time (a rebalance storm)."""
+        return self._holdings
+
+    def _hold(self) -> None:
+        self._holdings = Holdings(self._owned.generation, self._owned.active, self.standbys.held())
 
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         """The group took ``revoked`` away (the rebalance listener's first half): the
         rebalance starts, the lease ends, their tasks are suspended, kept open."""
         self.assignment.rebalancing = True
         self.generation = None
+        self._hold()  # before the JoinGroup: the same metadata for every try of it
         self.lease.end()
         await self._release(revoked, keep=True)
 
