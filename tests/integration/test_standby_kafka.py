@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -450,4 +451,72 @@ async def test_scale_out_moves_only_what_it_must_after_warm_ups(
             producing.cancel()
         for w in workers:
             if w.alive:
+                w.kill()
+
+
+@pytest.mark.serial  # it freezes a worker process (SIGSTOP) of its own: run alone
+@pytest.mark.timeout(600)
+async def test_a_frozen_owner_woken_after_its_partitions_moved_neither_answers_nor_applies(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """``standby_replicas=1``: a worker frozen past the session timeout loses its
+    partitions to the others' standbys; events come meanwhile. Woken, it answers none
+    of its former keys from its own state before the group gives it partitions again,
+    fences none of the new owners, and the table is exact."""
+    ns = f"sbf{uuid.uuid4().hex[:6]}-"
+    create_topics(kafka_bootstrap, ns)
+    events, expected = order_events(n_orders=2_000, n_events=6_000, seed=21)
+    env = {
+        "STREAMAPP_STANDBY_REPLICAS": "1",
+        "STREAMAPP_SESSION_TIMEOUT_MS": "6000",
+        "STREAMAPP_HEARTBEAT_INTERVAL_MS": "1000",
+    }
+    workers = [
+        WorkerProc(kafka_bootstrap, ns, tmp_path / n, tmp_path / f"{n}.log", extra_env=dict(env))
+        for n in ("w1", "w2", "w3")
+    ]
+    frozen_w, live = workers[0], workers[1:]
+    try:
+        for w in workers:
+            w.start()
+        await wait_group_ready(workers, 8, stalled_s=120)
+        await produce(kafka_bootstrap, f"{ns}orders", events[:3_000])
+        await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 120, workers)
+        async with aiohttp.ClientSession() as http:
+            await _wait_standbys(workers, 8)
+            lost = {_number(n) for n in _owned(await _status(http, frozen_w))}
+            assert lost
+            assert frozen_w.proc is not None
+            frozen_w.proc.send_signal(signal.SIGSTOP)
+            await wait_group_ready(live, 8, stalled_s=120)
+            await produce(kafka_bootstrap, f"{ns}orders", events[3_000:])
+            await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 120, live)
+            frozen_w.proc.send_signal(signal.SIGCONT)
+            # at once after waking: its former keys never answer from its own state
+            keys = [k for k in sorted(expected) if _partition_of(k) in lost][:200]
+            url = f"http://127.0.0.1:{frozen_w.port}/tables/order_status/"
+            own_answers = 0
+            for key in keys:
+                status, body, headers = await _get(http, url + key)
+                if status == 200 and "X-Streamapp-Forwarded-To" not in headers:
+                    own_answers += 1
+                    assert (body["version"], body["status"]) == expected[key], (key, body)
+            await wait_group_ready(workers, 8, stalled_s=120)
+            await wait_caught_up(kafka_bootstrap, f"{ns}orders", f"{ns}orders", 120, workers)
+            assert_exact(await _scan(http, live[0]), expected)
+        for w in live:
+            assert "another worker took the partition over" not in w.log_text(), w.log_text()[
+                -3000:
+            ]
+        for w in workers:
+            assert w.stop() == 0
+        print(
+            f"frozen owner of {sorted(lost)}: {own_answers} of {len(keys)} of its former keys "
+            "answered by it after waking, each exact (a partition given back); no new owner "
+            "fenced; table exact"
+        )
+    finally:
+        for w in workers:
+            if w.alive and w.proc is not None:
+                w.proc.send_signal(signal.SIGCONT)
                 w.kill()
