@@ -152,7 +152,6 @@ class SkewedGroup:
     skewed: SkewedWorker
     expected: dict[str, tuple[int, str]]
     routed_to_skewed: int
-    topic: str = ""
 
     @property
     def skewed_url(self) -> str:
@@ -160,9 +159,7 @@ class SkewedGroup:
 
 
 @asynccontextmanager
-async def skewed_group(
-    kafka_bootstrap: str, tmp_path: Path, standby_replicas: int = 0
-) -> AsyncIterator[SkewedGroup]:
+async def skewed_group(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[SkewedGroup]:
     ns = f"skew{uuid.uuid4().hex[:6]}-"
     topic = f"{ns}orders"
     create_topics(kafka_bootstrap, ns)
@@ -170,7 +167,6 @@ async def skewed_group(
         "STREAMAPP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
         "STREAMAPP_HEARTBEAT_INTERVAL_MS": "1000",
         "STREAMAPP_LOG_FORMAT": "json",
-        "STREAMAPP_STANDBY_REPLICAS": str(standby_replicas),
     }
 
     def worker(name: str) -> WorkerProc:
@@ -200,7 +196,7 @@ async def skewed_group(
         status = await skewed.status()
         assert status is not None
         assert status["partitions"], status  # it owns some
-        group = SkewedGroup(live, skewed, expected, 0, topic)
+        group = SkewedGroup(live, skewed, expected, 0)
         async with aiohttp.ClientSession() as http:
             before = await ask_all(http, live, expected)
         assert not before.wrong, before.wrong[:5]
@@ -258,26 +254,14 @@ async def test_a_dead_worker_with_a_fast_clock_is_never_routed_to(
     )
 
 
-@pytest.mark.parametrize("standby_replicas", [0, 1])
 async def test_a_frozen_worker_with_a_fast_clock_is_not_routed_to_until_it_rejoins(
-    standby_replicas: int, kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """Events come while the worker is frozen: its partitions' new owners (with
-    ``standby_replicas=1``, promoted standbys) apply them; woken, it neither answers nor
-    applies as their owner (its writer fenced, its lease lapsed): every answer exact."""
-    async with (
-        skewed_group(kafka_bootstrap, tmp_path, standby_replicas) as group,
-        aiohttp.ClientSession() as http,
-    ):
+    async with skewed_group(kafka_bootstrap, tmp_path) as group, aiohttp.ClientSession() as http:
         group.skewed.freeze()
         frozen = time.monotonic()
         await wait_group_ready(group.live, PARTITIONS, stalled_s=SESSION_TIMEOUT_MS / 1000 + 60)
         rebalanced = time.monotonic() - frozen
-        topic = group.topic
-        more, _ = order_events(N_ORDERS, N_ORDERS, seed=99)  # each order once more
-        await produce(kafka_bootstrap, topic, more)
-        await wait_caught_up(kafka_bootstrap, topic, topic, 120, group.live)
-        group.expected = {k: (n + 1, "placed") for k, (n, _) in group.expected.items()}
         passes, retried = await converge(http, group, frozen)
         converged = time.monotonic() - frozen
         group.skewed.thaw()
@@ -293,13 +277,8 @@ async def test_a_frozen_worker_with_a_fast_clock_is_not_routed_to_until_it_rejoi
             assert time.monotonic() < deadline, answers.unavailable[:3]
             await asyncio.sleep(0.2)
         rejoined = time.monotonic() - thawed
-        for w in group.live:  # the woken worker fenced none of the rightful owners
-            assert "another worker took the partition over" not in w.log_text(), w.log_text()[
-                -3000:
-            ]
     print(
-        f"clock skew, freeze (standby_replicas={standby_replicas}): rebalanced "
-        f"{rebalanced:.1f}s after SIGSTOP, every key exact "
+        f"clock skew, freeze: rebalanced {rebalanced:.1f}s after SIGSTOP, every key exact "
         f"from a live owner after {converged:.1f}s ({passes} passes, {retried} 503s, none "
         f"naming the frozen worker); after SIGCONT all three exact again in {rejoined:.1f}s"
     )
