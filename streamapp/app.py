@@ -284,7 +284,7 @@ class App:
     @property
     def copartitioned(self) -> bool:
         """True when an agent reads another's table: partition ``p`` of every source topic
-        must then be owned by one worker (Kafka: the range assignor)."""
+        must then be owned by one worker (Kafka: the assignor keeps them together)."""
         return any(a.reads for a in self.agents.values())
 
     def _check_sinks(self, agent: str, sinks: Sequence[TopicSpec]) -> tuple[TopicSpec, ...]:

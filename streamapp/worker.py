@@ -47,7 +47,14 @@ from .eventstore.base import EventStoreBackend, display_url
 from .settings.settings import Settings
 from .tables.rocksdb.cache import rocks_memory
 from .topics import relayed
-from .transports.base import MembersDirectory, Relay, WorkerContext, refuse_unsupported, transports
+from .transports.base import (
+    MembersDirectory,
+    Relay,
+    WorkerContext,
+    refuse_standbys,
+    refuse_unsupported,
+    transports,
+)
 from .versions.ledger import RetirementWatch
 from .web.explain import StoreFolds
 from .web.metrics import WorkerMetrics
@@ -83,6 +90,7 @@ class Worker:
         self._untune: Callable[[], None] | None = None
         self.transport = transports[settings.broker]
         refuse_unsupported(app, settings.broker, self.transport.capabilities)
+        refuse_standbys(settings, self.transport.capabilities)
         for agent in app.agents.values():
             url = agent.history.url if agent.history is not None else None
             if url is not None and url != settings.event_store:

@@ -7,10 +7,12 @@ source); the worker, the views and the status page read it, and know no transpor
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from ..agents.agent import Agent
 from ..errors import TableUnavailableError
+from ..tables.partition import PartitionTables
 from ..tables.store import Store
 from ..tables.table import Table
 from .interfaces import Directory
@@ -34,6 +36,30 @@ class Agents(Protocol):
     def agents_of(self, topic: str) -> list[Agent]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class StandbyCopy:
+    """A standby's copy of a partition's tables on this worker (setting
+    ``standby_replicas``): never the owner's, answered only to ``?stale_ok=1``."""
+
+    tables: PartitionTables
+    lag: int
+    """Changelog records it had not applied when last read."""
+    lag_s: float
+    """Seconds since it was last caught up (0: caught up)."""
+
+
+class StandbyReads(Protocol):
+    """A transport's standby replicas as views and ``/status`` read them (Kafka)."""
+
+    def copy(self, topic: str, partition: int, table: str) -> StandbyCopy | None:
+        """The checked standby copy of ``table``'s ``partition`` here (None: none)."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """Each standby partition's stores: position, lag in records and seconds."""
+        ...
+
+
 class Assignment:
     """The partition tasks of one worker, by (topic, partition)."""
 
@@ -50,6 +76,9 @@ class Assignment:
         self.lease: Lease | None = None
         """This worker's owner's lease, confirmed by its group (:mod:`.lease`); None: no
         group to confirm it (the embedded store lock holds while the process runs)."""
+        self.standbys: StandbyReads | None = None
+        """The standby replicas this worker keeps of other workers' partitions (None:
+        the transport keeps none)."""
         self.stalls: PartitionStalls | None = None
         """The engine's watch of its live partitions (every transport): the stalled ones
         and the lag's lower bound (:mod:`streamapp.engine.stalled`); None: not watched."""

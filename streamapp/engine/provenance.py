@@ -92,6 +92,29 @@ async def check_state(task: Checked) -> None:
         _check(lane.agent, tables, task, store)
 
 
+@dataclass(frozen=True, slots=True)
+class _Alone:
+    """One agent's state checked outside a task (a standby's): what :func:`_check` reads."""
+
+    topic: TopicSpec
+    partition: int
+    lanes: Sequence[Lane] = ()
+    history: _Identified | None = None
+    transaction: object | None = True
+
+
+def check_tables(
+    agent: Agent,
+    tables: PartitionTables,
+    topic: TopicSpec,
+    partition: int,
+    store: StoreIdentity | None,
+) -> None:
+    """The check of one agent's open ``tables`` (a standby copy, restored from its
+    changelog): StateMismatchError as a task's open raises it."""
+    _check(agent, tables, _Alone(topic, partition), store)
+
+
 def _check(
     agent: Agent, tables: PartitionTables, task: Checked, store: StoreIdentity | None
 ) -> None:

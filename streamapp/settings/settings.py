@@ -171,6 +171,10 @@ class Settings:
     every partition store it opens, with their memtables charged to it (docs/settings.md:
     Memory)."""
     restore_stall_timeout_s: float = 60.0
+    standby_replicas: int = 0
+    """Kafka: on how many other workers each partition's stores are kept warm from its
+    changelog (never on its owner), so that a partition that moves restores only the
+    tail (:mod:`streamapp.transports.kafka.standby`)."""
     stall_after_s: float = 30.0
     """A live partition that has events to apply and applied none for this long, while
     its task is not redelivering on purpose (a Redeliver backoff), is stalled: named in
@@ -353,6 +357,8 @@ class Settings:
         loop_factory(self.event_loop)  # an unknown loop, or uvloop not installed
         if self.gc_threshold < 0:
             raise bad("gc_threshold", "must be 0 (the interpreter's) or more (allocations)")
+        if self.standby_replicas < 0:
+            raise bad("standby_replicas", "must be 0 (no standbys) or more (workers)")
         if self.table_cache_keys < 0:
             raise bad("table_cache_keys", "must be 0 (no cache) or more")
         if self.memory_limit_mb < MIN_MEMORY_LIMIT_MB:

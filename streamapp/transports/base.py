@@ -83,6 +83,18 @@ def refuse_unsupported(app: App, broker: str, capabilities: Capabilities) -> Non
             )
 
 
+def refuse_standbys(settings: Settings, capabilities: Capabilities) -> None:
+    """ConfigError when setting ``standby_replicas`` asks for standbys of a transport
+    whose tables have no changelog for them to follow."""
+    if settings.standby_replicas and not capabilities.changelog:
+        raise ConfigError(
+            f"setting standby_replicas (STREAMAPP_STANDBY_REPLICAS) = "
+            f"{settings.standby_replicas}, but setting broker (STREAMAPP_BROKER) = "
+            f"{settings.broker!r} keeps no changelog for standbys to follow (a partition "
+            "that moves replays the event store): set it to 0, or run the app on kafka"
+        )
+
+
 class TransportMetrics(TaskMetrics, SinkMetrics, Protocol):
     """What a worker's sources and sinks report to."""
 

@@ -75,6 +75,7 @@ def add_routes(
                     for name, agent in assignment.app.agents.items()
                 },
                 "partitions": assignment.status(),
+                "standbys": assignment.standbys.status() if assignment.standbys else {},
                 "history": history() if history is not None else None,
                 "last_loop_stall": stall(),
                 **operations(),

@@ -29,6 +29,11 @@ whose lane of that version is not live answers 503 + Retry-After.
   ``X-Streamapp-*`` headers of every answer.
 - Past its owner's lease (:mod:`streamapp.engine.lease`) a key answers 503 (``ownership of
   partition N not confirmed for X s``); ``?stale_ok=1`` answers, marked :data:`STALE_HEADER`.
+- ``?stale_ok=1`` on a worker that keeps a standby of the key's partition (setting
+  ``standby_replicas``) and does not own it answers from the standby, marked
+  :data:`STANDBY_HEADER` ``: true``, with its lag in :data:`LAG_HEADER` (records) and
+  :data:`LAG_S_HEADER` (seconds since it was caught up), and under ``standby`` with
+  ``?meta=1``. Without ``stale_ok`` a standby never answers.
 - ``GET /tables/{table}?prefix=&limit=&cursor=``: the whole table (one version, as
   above), merged across the workers, in partition then key order, a page at a time
   (partitions of other workers are asked of their owners); ``cursor`` continues
@@ -45,7 +50,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..engine.assignment import Assignment
+from ..engine.assignment import Assignment, StandbyCopy
 from ..engine.lane import Lane
 from ..engine.phase import Phase
 from ..engine.served import lane_of, lane_phase
@@ -77,6 +82,12 @@ MIN_VERSION_WAIT_S = 5.0
 """How long ``?min_version=`` waits for the key's stream version."""
 MIN_VERSION_POLL_S = 0.02
 """How often ``?min_version=`` looks at the key's stream version meanwhile."""
+STANDBY_HEADER = "Streamapp-Stale"
+"""``true`` on an answer from a standby copy (``?stale_ok=1``), never the owner's."""
+LAG_HEADER = "Streamapp-Standby-Lag"
+"""The changelog records the standby that answered had not applied."""
+LAG_S_HEADER = "Streamapp-Standby-Lag-Seconds"
+"""The seconds since the standby that answered was last caught up."""
 PARTITION_CACHE_KEYS = 10_000
 """The partitions of this many keys asked lately are remembered (murmur2 in Python is
 about 1.5 us a short key); past that the memory starts again, empty."""
@@ -106,14 +117,16 @@ class Serving:
 
     partition: int
     """The key's partition."""
-    lane: Lane
-    """The lane of the asked version in the partition's task (live)."""
+    lane: Lane | None
+    """The lane of the asked version in the partition's task (live); None: a standby."""
     tables: PartitionTables
     """The lane's committed tables (the store, the checkpoint, the stream versions)."""
     table: Table[Any]
     """The table asked, of the version answered."""
     phase: str
-    """The lane's phase as answers name it (``live``)."""
+    """The lane's phase as answers name it (``live``; ``standby`` for a standby)."""
+    standby: StandbyCopy | None = None
+    """The standby copy answering (``?stale_ok=1``), with its lag."""
 
 
 class KeyEndpoint(TableEndpoint):
@@ -176,7 +189,8 @@ class KeyEndpoint(TableEndpoint):
             raw = found.tables.store.get(found.table.data_space, key.encode())
         except StoreError as exc:
             return versioned(store_failed(name, found.partition, exc), version)
-        stale = self.confirmed(found.partition, version, stale_ok)  # as of the read
+        # as of the read; a standby is no owner: no lease of its own
+        stale = None if found.standby else self.confirmed(found.partition, version, stale_ok)
         headers = self.headers(found, version, stream_version, stale)
         held_meta = held_answer(found.tables, key, headers)  # a held stream says so
         if raw is None:
@@ -198,7 +212,8 @@ class KeyEndpoint(TableEndpoint):
                 "checkpoint": found.tables.checkpoint.live,
                 "store_position": found.tables.checkpoint.history,
             }
-            | held_meta,
+            | held_meta
+            | _standby_meta(found.standby),
             200,
             **headers,
         )
@@ -218,6 +233,10 @@ class KeyEndpoint(TableEndpoint):
         }
         if stale is not None:
             headers[STALE_HEADER] = f"{stale:.1f}"
+        if found.standby is not None:
+            headers[STANDBY_HEADER] = "true"
+            headers[LAG_HEADER] = str(found.standby.lag)
+            headers[LAG_S_HEADER] = f"{found.standby.lag_s:.3f}"
         return headers
 
     def owner_of(self, label: str, key: str) -> tuple[int, PartitionTask | None]:
@@ -246,6 +265,10 @@ class KeyEndpoint(TableEndpoint):
         assignment = self.assignment
         routing = self.route(name, version)
         partition, task = self.owner_of(routing.label, key)
+        if task is None and stale_ok and assignment.standbys is not None:
+            standby = self._standby(name, version, partition)
+            if standby is not None:
+                return standby
         if task is None and assignment.rebalancing:
             answer_early(
                 unavailable(
@@ -305,6 +328,24 @@ class KeyEndpoint(TableEndpoint):
             )
         self.confirmed(partition, version, stale_ok)
         return Serving(partition, lane, lane.tables, table, phase.value)
+
+    def _standby(self, name: str, version: int, partition: int) -> Serving | None:
+        """The standby copy of ``partition`` of table ``name`` (``version``) here, if any."""
+        table = self.local(name, version)
+        standbys = self.assignment.standbys
+        if table is None or standbys is None:
+            return None
+        copy = standbys.copy(self.topics[table.label].name, partition, table.label)
+        if copy is None:
+            return None
+        return Serving(partition, None, copy.tables, table, "standby", copy)
+
+
+def _standby_meta(copy: StandbyCopy | None) -> dict[str, object]:
+    """``?meta=1``'s ``standby`` field: the standby's lag (nothing from the owner)."""
+    if copy is None:
+        return {}
+    return {"standby": {"lag": copy.lag, "lag_s": round(copy.lag_s, 3)}}
 
 
 class _Forward(Exception):

@@ -16,8 +16,6 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
 from ...agents.agent import Agent
@@ -40,6 +38,7 @@ from ...records import Delivery
 from ...settings.settings import Settings
 from ...tables.store import Store, rocks_opener
 from ...topics import TopicSpec
+from .assignor import ACCEPTABLE_LAG, Holdings, StickyAssignor
 from .commits import FLUSH_TIMEOUT_S, OffsetCommits
 from .connection import with_startup_retry
 from .fetched import as_deliveries, deliver_records, position_of
@@ -47,6 +46,7 @@ from .lease import HeartbeatLease
 from .members import Generation
 from .port import KafkaPartitionPort
 from .sink import KafkaSink
+from .standby import Standbys
 from .topology import check_new_lanes, check_topics, delete_retention_ms
 from .transaction import KafkaTransaction
 from .txn_backoff import shorten_concurrent_transactions_backoff
@@ -74,10 +74,9 @@ class KafkaSource:
     derived events, retry-chain copies, and the offset with the group's generation) when
     an agent of the topic has tables, sends derived events or uses ``Retry``; the other
     offset commits go out coalesced (:mod:`streamapp.transports.kafka.commits`), once the
-    batch is durable. Partitions
-    are assigned round robin, or by range when an agent reads another's table: range
-    gives partition ``p`` of every topic with the same partition count to the same
-    member (co-partitioning; every member subscribes to every topic).
+    batch is durable. Partitions are assigned by :mod:`streamapp.transports.kafka.assignor`
+    (sticky, standby-aware, co-partitioned when an agent reads another's table); the
+    standby partitions it gives are kept by :mod:`streamapp.transports.kafka.standby`.
     """
 
     def __init__(
@@ -112,7 +111,24 @@ class KafkaSource:
         )
         self._retention: dict[str, int] = {}
         self._admin: AIOKafkaAdminClient | None = None
-        assignor = RangePartitionAssignor if app.copartitioned else RoundRobinPartitionAssignor
+        self.standbys = self.assignment.standbys = Standbys(
+            app,
+            settings.kafka_bootstrap,
+            lambda agent, p: rocks_opener(settings, app.id, agent.name, p),
+            None if history is None else history.identity,
+        )
+        self._owned: Holdings = Holdings()
+        """What the last assignment gave this worker (its partitions)."""
+        self._holdings: Holdings = Holdings()
+        """What the assignor sends at a join: taken once per rebalance (:meth:`_held`)."""
+        self._assignor = StickyAssignor(
+            self._held,
+            settings.standby_replicas,
+            app.copartitioned,
+            warmups=settings.standby_replicas > 0,
+        )
+        self._warmups: frozenset[TopicPartition] = frozenset()
+        """Standbys to take over once caught up: then a probing rebalance is asked."""
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.kafka_bootstrap,
             group_id=settings.group_id,
@@ -127,7 +143,9 @@ class KafkaSource:
             max_poll_records=settings.fetch_max_records,
             max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
             fetch_max_bytes=settings.fetch_max_bytes,
-            partition_assignment_strategy=(assignor,),
+            # one assignor only: aiokafka 0.14 sends one JoinGroup per assignor offered
+            # (each with the protocols so far), which keeps a group rebalancing
+            partition_assignment_strategy=(self._assignor,),
         )
         # A revoke flushes them within a quarter of the rebalance timeout (a batch in
         # hand may take half of it).
@@ -189,6 +207,7 @@ class KafkaSource:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._release(list(self.assignment.tasks))
         await self._close_suspended()
+        await self.standbys.close()
         await self._commits.close()
         await self._heartbeats.stop()
         await self._consumer.stop()
@@ -226,6 +245,8 @@ class KafkaSource:
     async def _poll_loop(self) -> None:
         consumer, tasks = self._consumer, self.assignment.tasks
         while not self._stopping:
+            if self._warmups and not self.assignment.rebalancing:
+                self._probe()
             try:
                 fetched = await consumer.getmany(timeout_ms=self.settings.poll_timeout_ms)
             except KafkaError as exc:
@@ -244,6 +265,16 @@ class KafkaSource:
                     task.ahead.add(as_deliveries(records))
                 else:
                     task.dropped()
+
+    def _probe(self) -> None:
+        """Once every warm-up standby is caught up, ask the group to rebalance (a probing
+        rebalance: the assignor moves their partitions here, :mod:`.assignor` rule 6)."""
+        lags = self.standbys.held()
+        if all(0 <= lags.get(tp, -1) <= ACCEPTABLE_LAG for tp in self._warmups):
+            names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(self._warmups))
+            log.info("warm-up standbys of %s caught up: asking the group to rebalance", names)
+            self._warmups = frozenset()
+            request_rejoin(self._consumer)
 
     def _rewind_unowned(self, tp: TopicPartition, offset: int) -> None:
         try:
@@ -308,11 +339,23 @@ class KafkaSource:
             agents, p, port, name=name, open_store=open_store, transaction=transaction
         )
 
+    def _held(self) -> Holdings:
+        """What this worker holds, for the assignor's metadata at a join: the partitions
+        of its last assignment and its standbys with their lag, as of the rebalance's
+        start (:meth:`revoked`). Never newer: a member that joins again with other
+        metadata while the group completes a rebalance starts another one, and lags
+        move all the time (a rebalance storm)."""
+        return self._holdings
+
+    def _hold(self) -> None:
+        self._holdings = Holdings(self._owned.generation, self._owned.active, self.standbys.held())
+
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         """The group took ``revoked`` away (the rebalance listener's first half): the
         rebalance starts, the lease ends, their tasks are suspended, kept open."""
         self.assignment.rebalancing = True
         self.generation = None
+        self._hold()  # before the JoinGroup: the same metadata for every try of it
         self.lease.end()
         await self._release(revoked, keep=True)
 
@@ -320,10 +363,17 @@ class KafkaSource:
         """The group gave ``assigned`` (the rebalance listener's second half): the lease
         begins with the new generation, their tasks start (or go on), the rest close."""
         generation = current_generation(self._consumer)  # before any await
+        given = self._assignor.take()
         if generation is not None:  # the assignment confirms it (the group's SyncGroup)
             self.lease.begin(generation, time.monotonic())
+            self._owned = Holdings(generation.number, frozenset(assigned))
+        # a promoted standby's stores close before its task opens them (their lock)
+        await self.standbys.drop((tp.topic, tp.partition) for tp in assigned)
         self._acquire(assigned)  # kept tasks it hands back go on from where they were
         await self._close_suspended()
+        if not self._stopping:
+            await self.standbys.update(given.standby - assigned)
+            self._warmups = given.warmup - assigned
         self.generation = generation
         self.assignment.rebalancing = False
 
@@ -399,3 +449,14 @@ def group_member(consumer: AIOKafkaConsumer) -> Member | None:
     if not member_id:
         return None
     return Member(number, member_id)
+
+
+def request_rejoin(consumer: AIOKafkaConsumer) -> None:
+    """Make ``consumer`` join its group again (a rebalance). aiokafka has it on its group
+    coordinator only (``request_rejoin``), with no public accessor."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    rejoin = getattr(coordinator, "request_rejoin", None)
+    if callable(rejoin):
+        rejoin()
+    else:
+        log.warning("the consumer cannot be asked to rejoin its group: no probing rebalance")

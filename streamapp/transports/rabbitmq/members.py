@@ -12,7 +12,7 @@ The protocol (:class:`RabbitMembership`):
   ``amqp_session_timeout_ms`` is gone; a clean leave says so at once.
 - **Assignment.** Every worker computes the same assignment from the members it hears:
   sorted by id, partition ``p`` of every source topic goes to member ``p % n``
-  (co-partitioned topics stay together, as with Kafka's range assignor).
+  (co-partitioned topics stay together, as with Kafka's assignor).
 - **Handover.** A worker *releases* a held partition that is no longer its own (the task
   finishes its batch, commits and acks, the consumer is cancelled), then says so in a
   heartbeat at once. It *takes* a partition assigned to it only when no other live member
