@@ -125,7 +125,11 @@ async def test_a_crash_at_each_step_of_the_commit_order_applies_and_sends_once(
         },
     ).start()
     assert crashing.proc is not None
-    assert await crashing.exited() == -9, crashing.log_text()[-3000:]
+    try:
+        assert await crashing.exited() == -9, crashing.log_text()[-3000:]
+    finally:
+        if crashing.alive:  # it never reached the crash: not left running
+            crashing.kill()
     crash = json.loads(report.read_text())
     assert crash["point"] == point
     p, end, outputs = crash["partition"], crash["live"], crash["outputs"]

@@ -77,7 +77,11 @@ async def test_a_crash_inside_a_shared_transaction_applies_and_sends_once(
             crashpoint.REPORT: str(report),
         },
     ).start()
-    assert await crashing.exited() == -9, crashing.log_text()[-3000:]
+    try:
+        assert await crashing.exited() == -9, crashing.log_text()[-3000:]
+    finally:
+        if crashing.alive:  # it never reached the crash: not left running
+            crashing.kill()
     crash = json.loads(report.read_text())
     assert crash["point"] == point
     parts = {int(p): part for p, part in crash["partitions"].items()}
