@@ -34,6 +34,13 @@ ROOT = Path(__file__).resolve().parents[2]
 STATUSES = ("placed", "paid", "shipped", "cancelled")
 
 
+def around_traceback(text: str, before: int = 1500, after: int = 3500) -> str:
+    """The part of a log around its first ``Traceback``: what a failed "no traceback"
+    assertion must show (the log's tail rarely holds it)."""
+    at = text.find("Traceback")
+    return text[-3000:] if at < 0 else text[max(0, at - before) : at + after]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,14 @@ import pytest
 
 from tests.conftest import Services
 
-from .harness import StreamappProc, WorkerProc, append_to_store, order_events, wait_group_ready
+from .harness import (
+    StreamappProc,
+    WorkerProc,
+    append_to_store,
+    around_traceback,
+    order_events,
+    wait_group_ready,
+)
 from .test_rabbitmq import rabbit_env, topics_create
 from .test_rabbitmq_group import _drained, _read_exact
 
@@ -79,7 +86,7 @@ async def test_a_member_waking_from_a_freeze_hears_the_others_before_it_claims(
         assert "stalled" in after, after[-3000:]  # it saw its own freeze
         for w in workers:
             assert w.stop() == 0
-            assert "Traceback" not in w.log_text(), w.log_text()[-3000:]
+            assert "Traceback" not in w.log_text(), around_traceback(w.log_text())
     finally:
         forwarder.kill()
         for w in workers:

@@ -50,6 +50,7 @@ from .harness import (
     StreamappProc,
     WorkerProc,
     app_env,
+    around_traceback,
     streamapp_cmd,
     wait_group_ready,
     wait_ready,
@@ -652,4 +653,4 @@ async def _scenario(d: Deployment, load: Load, reader: Reader, rate: float, kill
 
     await until(lambda: not left(), what="v1's stores dropped", progress=left, stalled_s=60)
     for w in workers:
-        assert "Traceback" not in w.log_text(), w.log_text()[-3000:]
+        assert "Traceback" not in w.log_text(), around_traceback(w.log_text())

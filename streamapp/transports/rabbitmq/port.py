@@ -126,6 +126,11 @@ class RabbitPartitionPort:
         """Set when the broker cancelled the consumer (the partition stopped)."""
         self._closed = False
         """Closed by its task: a re-opened channel does not consume again."""
+        self._silent = False
+        """Set, synchronously, before its channel's ``Channel.Close`` is written: no ack
+        or nack may follow that frame (the broker frees the channel at the close, and a
+        frame on a freed channel is a connection error, ``CHANNEL_ERROR - expected
+        'channel.open'``, that drops every channel of the connection)."""
         self._heard = time.monotonic()
         """When the last delivery came (or the port began consuming, or again)."""
         self._consuming = asyncio.Lock()
@@ -171,8 +176,8 @@ class RabbitPartitionPort:
             if entry.life is life:
                 last = entry.message
                 count += 1
-        if last is None or life is None:
-            return
+        if last is None or life is None or self._silent:
+            return  # closing: the broker requeues them and the version guard skips them
         try:
             await life.basic_ack(_tag(last), multiple=True)
             self.acked += count
@@ -236,11 +241,13 @@ class RabbitPartitionPort:
         if channel is None or self.closed():
             return False
         async with self._consuming:  # never beside a re-consume after a reconnect
+            if self._silent:  # the channel closes: nothing more on it
+                return False
             try:
                 if self._consumer_tag is not None:
                     underlay = await channel.get_underlay_channel()
                     await underlay.basic_cancel(self._consumer_tag)
-                if not self.closed():
+                if not self._silent:
                     await self._consume(channel)
             except Exception as exc:
                 log.warning("%s: consuming %s anew failed: %r", self.name, self.queue, exc)
@@ -298,6 +305,8 @@ class RabbitPartitionPort:
             return
         try:
             async with self._consuming:
+                if self._silent:
+                    return
                 await self._consume(channel)
         except Exception as exc:
             log.warning("%s: consuming %s again failed: %r", self.name, self.queue, exc)
@@ -403,7 +412,7 @@ class RabbitPartitionPort:
         if self._held:  # still holding: requeued together, in order
             self._held.append((message, life))
         else:
-            self._spawn(_nack(message, self.name, multiple=False))
+            self._spawn(self._nack(message, multiple=False))
 
     def _requeue(self) -> None:
         self._requeue_timer = None
@@ -418,7 +427,7 @@ class RabbitPartitionPort:
         # Below the last held tag nothing else is unacked: the task settled up to the
         # rewind position before rewinding.
         last = max(live, key=_tag)
-        self._spawn(_nack(last, self.name, multiple=True))
+        self._spawn(self._nack(last, multiple=True))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -440,9 +449,25 @@ class RabbitPartitionPort:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    async def _nack(self, message: DeliveredMessage, *, multiple: bool) -> None:
+        """Requeue ``message`` (and, ``multiple``, every unsettled one before it), unless
+        the channel is closing: its close requeues them anyway."""
+        if self._silent:
+            return
+        try:  # the check and the frame's write happen without a suspension in between
+            await message.channel.basic_nack(_tag(message), multiple=multiple, requeue=True)
+        except Exception as exc:  # the channel died: the broker requeues it anyway
+            log.info("%s: requeue skipped (%r)", self.name, exc)
+
     async def _close_channel(self) -> None:
+        self._silent = True
         channel, self._channel = self._channel, None
         if channel is not None and not channel.is_closed:
+            # A consumer being registered ends first (never cancelled: aiormq answers a
+            # cancelled call with a Channel.Close of its own), bounded like the close.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S), self._consuming:
+                    pass
             try:  # bounded: a robust channel closed while it reopens can wait forever
                 closed = await close_channel(channel, CLOSE_TIMEOUT_S)
             except Exception as exc:
@@ -455,13 +480,6 @@ class RabbitPartitionPort:
                     self.name,
                     CLOSE_TIMEOUT_S,
                 )
-
-
-async def _nack(message: DeliveredMessage, name: str, *, multiple: bool) -> None:
-    try:
-        await message.channel.basic_nack(_tag(message), multiple=multiple, requeue=True)
-    except Exception as exc:  # the channel died: the broker requeues it anyway
-        log.info("%s: requeue skipped (%r)", name, exc)
 
 
 def _tag(message: DeliveredMessage) -> int:
