@@ -41,7 +41,10 @@ from .held_world import (
     wait_table,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# make acceptance runs it (scripts/acceptance): several workers, 1,000 streams and kill -9s,
+# too heavy beside make test's other files on two cores; make test keeps the lighter
+# test_held_park_crash and test_held_release_* on this transport, and the embedded scenario.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.acceptance]
 
 APP = "tests.apps.held_app:app"
 NO_KAFKA = "127.0.0.1:1"

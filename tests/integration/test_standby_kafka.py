@@ -291,6 +291,7 @@ def _report(replicas: int, keys: int, figures: dict[str, float]) -> None:
     )
 
 
+@pytest.mark.acceptance  # make acceptance: three workers under load, alone on the machine
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("replicas", [1, 0])
 async def test_kill_one_of_three_workers_with_and_without_standbys(
@@ -373,6 +374,7 @@ async def test_stale_ok_answers_from_a_standby_and_nothing_else_does(
                 w.kill()
 
 
+@pytest.mark.acceptance  # make acceptance: three workers under load, alone on the machine
 @pytest.mark.timeout(900)
 async def test_scale_out_moves_only_what_it_must_after_warm_ups(
     kafka_bootstrap: str, tmp_path: Path
