@@ -530,6 +530,7 @@ async def _phases(worker: WorkerProc) -> list[dict[str, Any]]:
     return list(status["partitions"].values()) if status else []
 
 
+@pytest.mark.acceptance  # make acceptance: a whole worker deployment through the outage
 async def test_a_kafka_worker_catching_up_from_postgres_rides_out_a_restart(
     kafka_bootstrap: str, pg: tuple[str, Outage], tmp_path: Path
 ) -> None:
@@ -579,6 +580,7 @@ async def test_a_kafka_worker_catching_up_from_postgres_rides_out_a_restart(
 # --- (d) a RabbitMQ partition move --------------------------------------------------------
 
 
+@pytest.mark.acceptance  # make acceptance: a whole worker deployment through the outage
 async def test_a_rabbitmq_partition_moved_while_postgres_is_down_replays_once_it_is_back(
     services: Services, pg: tuple[str, Outage], tmp_path: Path
 ) -> None:
