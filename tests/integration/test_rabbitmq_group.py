@@ -478,7 +478,8 @@ async def test_orders_100k_via_forwarder_while_workers_go_2_3_1_with_3_sigkills(
                 w.kill()
 
 
-@pytest.mark.serial  # restarts the shared RabbitMQ: scripts/test runs it alone
+@pytest.mark.serial  # restarts the shared RabbitMQ: run alone
+@pytest.mark.acceptance  # make acceptance; make test keeps the connection losses through a proxy
 async def test_orders_exact_through_a_rabbitmq_restart(services: Services, tmp_path: Path) -> None:
     amqp = services.amqp
     ns = f"rr{uuid.uuid4().hex[:6]}-"
