@@ -109,6 +109,10 @@ def _applied(status: dict[str, Any]) -> int:
     return sum(p["processed"] + p["replayed"] for p in status["partitions"].values())
 
 
+def _live(status: dict[str, Any]) -> bool:
+    return all(p["phase"] == "live" for p in status["partitions"].values())
+
+
 async def test_the_cli_finds_the_running_embedded_worker_and_what_it_says_is_true(
     projection: tuple[str, App], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -122,8 +126,10 @@ async def test_the_cli_finds_the_running_embedded_worker_and_what_it_says_is_tru
     lock = db.with_name(f"{db.name}.worker-{app.id}.lock")
     await worker.start()
     try:
-        status = await _wait(
-            lambda: _status(worker), lambda s: _applied(s) == EVENTS, "every event applied"
+        status = await _wait(  # applied, and live: the caught-up marker and checkpoint
+            lambda: _status(worker),  # are written after the events are counted as applied
+            lambda s: _applied(s) == EVENTS and _live(s),
+            "every event applied, every partition live",
         )
         assert lock.exists()  # held while the worker runs
         # /status: where each partition resumes, the store position (embedded: no offsets)
