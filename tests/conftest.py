@@ -51,13 +51,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With pytest-xdist (``scripts/test``: ``--dist loadgroup``) a file's tests run in
     one process, in order, and the files marked ``heavy`` (several workers under a large
-    load each) one after another in one process, beside the others, never two at once."""
+    load each) one after another in one process, beside the others, never two at once.
+
+    First among the hooks: xdist's worker reads the ``xdist_group`` marks in its own
+    ``pytest_collection_modifyitems`` (it names each test by its group); run after it,
+    the marks would be added too late and every test scheduled on its own."""
     for item in items:
         heavy = item.get_closest_marker("heavy") is not None
         item.add_marker(pytest.mark.xdist_group("heavy" if heavy else str(item.path)))
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """With ``--dist loadgroup``: stop the run unless every test a worker collected
+    carries its group (xdist names it ``<test>@<group>``). The grouping fails silently
+    otherwise (pytest 9.2 with pytest-xdist 3.8: pytest-xdist#1386), and then a file's
+    tests run on several workers at once and the heavy files beside each other."""
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid]
+    if ungrouped:
+        pytest.exit(
+            f"--dist loadgroup: {len(ungrouped)} tests lost their xdist_group (first: "
+            f"{ungrouped[0]}); pytest {pytest.__version__} with this pytest-xdist drops "
+            "the grouping (pytest-xdist#1386): install the versions of constraints.txt",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 @pytest.fixture(autouse=True)
