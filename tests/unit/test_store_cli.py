@@ -68,18 +68,20 @@ def test_subject_is_the_stream_id_fallback(env: dict[str, str], tmp_path: Path) 
     assert row["event"]["streamid"] == "o9"  # type: ignore[index]
 
 
-@pytest.mark.parametrize(
-    ("bad", "message"),
-    [
-        (b"{not json", "is not valid JSON"),
-        (b"[1, 2]", "not a JSON object"),
-        (b'{"id": "x", "type": "t"}', "lacks required attribute(s): source, specversion"),
-        (line(specversion="0.3"), "unsupported specversion '0.3'"),
-        (line(None), "has no stream id: set its streamid extension (or subject)"),
-        (line("o1", version=5), "expected version 4, actual version 1"),
-        (line(streamversion="x"), "streamversion 'x' is not a positive integer"),
-    ],
-)
+BAD_LINES = [
+    (b"{not json", "is not valid JSON"),
+    (b"[1, 2]", "not a JSON object"),
+    (b'{"id": "x", "type": "t"}', "lacks required attribute(s): source, specversion"),
+    (line(specversion="0.3"), "unsupported specversion '0.3'"),
+    (line(None), "has no stream id: set its streamid extension (or subject)"),
+    (line("o1", version=5), "expected version 4, actual version 1"),
+    (line(streamversion="x"), "streamversion 'x' is not a positive integer"),
+]
+
+
+# named by the message: a line holds a fresh id and time, and pytest-xdist's processes
+# must collect the same test names
+@pytest.mark.parametrize(("bad", "message"), BAD_LINES, ids=[m for _, m in BAD_LINES])
 def test_bad_line_names_its_number_keeps_earlier_lines_and_fails(
     env: dict[str, str], bad: bytes, message: str
 ) -> None:
