@@ -161,8 +161,11 @@ DeprecationWarning; these names go in the next release. ``streamapp.memory`` (no
 
 
 class _MovedLoader(Loader):
+    """Hands the module at its new place out under its former name too."""
+
     def __init__(self, new: str) -> None:
         self.new = new
+        self.own_spec: ModuleSpec | None = None
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
         warnings.warn(
@@ -171,10 +174,15 @@ class _MovedLoader(Loader):
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.import_module(self.new)
+        module = importlib.import_module(self.new)
+        self.own_spec = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """The new module ran when it was imported."""
+        """The new module ran when it was imported. The import system has just set its
+        ``__spec__`` to the former name's: put its own back, or its relative imports
+        would see ``__package__ != __spec__.parent`` (an ImportWarning) from now on."""
+        module.__spec__ = self.own_spec
 
 
 class _MovedFinder(MetaPathFinder):

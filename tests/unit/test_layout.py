@@ -100,6 +100,9 @@ def test_a_moved_module_imports_from_its_former_path_with_a_warning(old: str, ne
     with pytest.warns(DeprecationWarning, match=f"streamapp.{old} moved to streamapp.{new}"):
         former = importlib.import_module(f"streamapp.{old}")
     assert former is importlib.import_module(f"streamapp.{new}")
+    # still the module of its new place: its relative imports raise no ImportWarning
+    assert former.__spec__ is not None
+    assert former.__spec__.name == f"streamapp.{new}"
 
 
 def test_a_module_under_a_moved_package_imports_from_its_former_path() -> None:
