@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Services
-from tests.support.services import restart
+from tests.support.services import KafkaToRestart, kafka_to_restart
 
 from .harness import (
     WorkerProc,
@@ -36,37 +36,48 @@ def behind(status: dict[str, Any]) -> int:
 
 
 async def test_worker_rides_out_a_broker_restart(services: Services, tmp_path: Path) -> None:
-    bootstrap = services.kafka
+    with kafka_to_restart(services, tmp_path / "services") as broker:
+        await _rides_out(broker, tmp_path)
+
+
+async def _rides_out(broker: KafkaToRestart, tmp_path: Path) -> None:
+    bootstrap = broker.bootstrap
     ns = f"brk{uuid.uuid4().hex[:6]}-"
     create_topics(bootstrap, ns)
-    events, expected = order_events(n_orders=300, n_events=25_000)
-    backlog = 20_000
+    chunk, rounds = 20_000, 4
+    events, expected = order_events(n_orders=300, n_events=chunk * rounds + 5_000)
     worker = WorkerProc(bootstrap, ns, tmp_path / "data", tmp_path / "w.log").start()
     try:
         await wait_ready(worker)
-        # A backlog the worker cannot have drained by the first look: it is frozen while
-        # the events go in (a worker keeps up with a bulk producer), then woken.
+        # Mid-load, observed: the worker has processed some and has more to go. It keeps
+        # up with a bulk producer, so it is frozen while a backlog goes in, then woken;
+        # when its first answer after waking shows the backlog drained already, again.
         assert worker.proc is not None
-        worker.proc.send_signal(signal.SIGSTOP)
+        sent = before = 0
+        mid: dict[str, Any] | None = None
+        for _ in range(rounds):
+            worker.proc.send_signal(signal.SIGSTOP)
+            try:
+                await produce(bootstrap, f"{ns}orders", events[sent : sent + chunk])
+                sent += chunk
+            finally:
+                worker.proc.send_signal(signal.SIGCONT)
+            (first,) = await wait_statuses(
+                [worker], lambda ss, b=before: processed(ss[0]) > b, "processing the backlog", 60
+            )
+            before = processed(first)
+            if before < sent:
+                mid = first
+                break
+        assert mid is not None, f"the worker drained {rounds} backlogs of {chunk:,} each unseen"
+        print(f"broker down after {processed(mid)} of {sent:,} processed, {behind(mid)} behind")
         try:
-            await produce(bootstrap, f"{ns}orders", events[:backlog])
-        finally:
-            worker.proc.send_signal(signal.SIGCONT)
-        # mid-load, observed: the worker has processed some and has more to go
-        (mid,) = await wait_statuses(
-            [worker],
-            lambda ss: 0 < processed(ss[0]) < backlog,
-            "processing, with a backlog",
-            60,
-        )
-        print(f"broker down after {processed(mid)} of {backlog:,} processed, {behind(mid)} behind")
-        try:
-            restart(services, "down", "kafka")
+            broker.down()
             await asyncio.sleep(5)
             assert worker.alive  # it waits for the broker, it does not die
         finally:
-            restart(services, "up", "kafka")
-        await produce(bootstrap, f"{ns}orders", events[backlog:])
+            broker.up()
+        await produce(bootstrap, f"{ns}orders", events[sent:])
         await wait_caught_up(bootstrap, f"{ns}orders", f"{ns}orders", 180, [worker])
         await wait_ready(worker)
         table = await read_table([worker], "order_status", list(expected))

@@ -13,9 +13,12 @@ started: the restart tests never skip where the services run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,14 +35,19 @@ READY_S = 240.0
 """How long a restarted container may give the same non-answer (a loaded machine is slow)."""
 
 
-def restart_service(action: str, service: str) -> None:
+def restart_service(action: str, service: str, env: dict[str, str] | None = None) -> None:
     """`scripts/services down|up SERVICE` for the restart tests; on failure, the script's
     own words are in the assertion (a loaded machine may need the longer readiness bound).
 
     The environment goes through: STREAMAPP_SERVICES_HOME and STREAMAPP_<SERVICE>_PORT
     pick the instance (the same that tests/conftest.py found), e.g. a PostgreSQL of one's
     own on 5433 while Kafka and RabbitMQ are shared."""
-    env = {**os.environ, "STREAMAPP_KAFKA_TIMEOUT": "240", "STREAMAPP_RABBITMQ_TIMEOUT": "240"}
+    env = {
+        **os.environ,
+        "STREAMAPP_KAFKA_TIMEOUT": "240",
+        "STREAMAPP_RABBITMQ_TIMEOUT": "240",
+        **(env or {}),
+    }
     done = subprocess.run(
         [str(ROOT / "scripts" / "services"), action, service],
         capture_output=True,
@@ -130,3 +138,66 @@ async def _kafka(bootstrap: str) -> Any:
         return await admin.list_topics()
     finally:
         await admin.close()
+
+
+@dataclass
+class KafkaToRestart:
+    """A Kafka broker a test may take down and bring up again (:func:`kafka_to_restart`)."""
+
+    bootstrap: str
+    services: Services
+    env: dict[str, str] | None = None
+    """``scripts/services``' environment for a broker of the test's own; None: the
+    session's broker."""
+    started: list[str] = field(default_factory=list)
+
+    def down(self) -> None:
+        if self.env is None:
+            restart(self.services, "down", "kafka")
+        else:
+            restart_service("down", "kafka", self.env)
+
+    def up(self) -> None:
+        if self.env is None:
+            restart(self.services, "up", "kafka")
+        else:
+            restart_service("up", "kafka", self.env)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def kafka_to_restart(services: Services, home: Path) -> Iterator[KafkaToRestart]:
+    """With ``scripts/services``: a broker of the test's own (cache folder ``home``, free
+    ports, the session's jars), stopped after; otherwise the session's broker. The
+    session's broker holds every topic the suite made so far (thousands of partitions on
+    a long-lived machine), which a stop and a start each load and flush: half a minute
+    and more, measuring the broker's size, not the worker's ride through the outage."""
+    if services.how != "scripts/services":
+        yield KafkaToRestart(services.kafka, services)
+        return
+    shared = Path(
+        os.environ.get("STREAMAPP_SERVICES_HOME") or Path.home() / ".cache/streamapp-services"
+    )
+    (home / "kafka").mkdir(parents=True)
+    jars = shared / "kafka" / "libs"
+    if jars.is_dir():  # resolved once by the session's start: no Maven run here
+        (home / "kafka" / "libs").symlink_to(jars, target_is_directory=True)
+    port = _free_port()
+    env = {
+        "STREAMAPP_SERVICES_HOME": str(home),
+        "STREAMAPP_KAFKA_PORT": str(port),
+        "STREAMAPP_KAFKA_CONTROLLER_PORT": str(_free_port()),
+        "STREAMAPP_KAFKA_HEAP": "-Xmx512m -Xms128m",
+    }
+    broker = KafkaToRestart(f"127.0.0.1:{port}", services, env)
+    restart_service("up", "kafka", env)
+    try:
+        yield broker
+    finally:
+        restart_service("down", "kafka", env)
