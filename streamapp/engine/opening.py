@@ -45,15 +45,18 @@ async def suspend_partition(task: TaskSurface) -> bool:
     return kept
 
 
-async def rejoin_partition(task: TaskSurface) -> None:
+async def rejoin_partition(task: TaskSurface, *, continuous: bool = False) -> None:
     """The kept task's way back (see :meth:`TaskSurface.rejoin`)."""
     try:
         if task.transaction is not None:
             # Another worker may have held the partition between the revoke and now
             # (this one out of the group meanwhile): the reset fences it, and its
-            # committed batches are restored from the changelogs.
-            await task.transaction.reset()
-            await restore_tail(task)
+            # committed batches are restored from the changelogs. Not when the group
+            # gave it back in the very next generation: no one else held it, and the
+            # stores are the state of its last commit.
+            if not continuous:
+                await task.transaction.reset()
+                await restore_tail(task)
         else:  # no tables, no sends: the group's committed offset is the position
             start = await task.port.begin(None, stateful=False)
             for lane in task.lanes:
@@ -77,7 +80,12 @@ async def rejoin_partition(task: TaskSurface) -> None:
         task.rewind(task.next_position)
     task.set_live_state(LiveState.IDLE, was=LiveState.REJOINING)
     task.port.resume()
-    log.debug("live %s again at position %s (kept open)", task.name, task.next_position)
+    log.debug(
+        "live %s again at position %s (kept open; %s)",
+        task.name,
+        task.next_position,
+        "held by no one else meanwhile" if continuous else "fenced, the tail restored",
+    )
 
 
 async def open_partition(task: TaskSurface) -> None:

@@ -245,14 +245,15 @@ class PartitionTask:
         keep it (see :func:`~.opening.suspend_partition`); False: the caller closes it."""
         return await suspend_partition(self)
 
-    def rejoin(self) -> None:
-        """The partition came back after :meth:`suspend`: in the background, fence and
-        catch up with whatever another owner committed meanwhile, then take deliveries
-        again, with no store reopen and no restore when nothing changed."""
+    def rejoin(self, *, continuous: bool = False) -> None:
+        """The partition came back after :meth:`suspend`: take deliveries again, with no
+        store reopen; unless ``continuous`` (the next generation gave it back: no one
+        else held it), fence and restore what another owner committed first."""
         self.transition_to(Phase.LIVE)  # fed again once caught up (rejoin_partition)
         self.set_live_state(LiveState.REJOINING, was=LiveState.SUSPENDED)
         self.port.pause()
-        self._opening = asyncio.create_task(rejoin_partition(self), name=f"rejoin {self.name}")
+        rejoining = rejoin_partition(self, continuous=continuous)
+        self._opening = asyncio.create_task(rejoining, name=f"rejoin {self.name}")
         self._opening.add_done_callback(self._opening_done)
 
     def _opening_done(self, task: asyncio.Task[None]) -> None:

@@ -27,7 +27,7 @@ from ...engine.interfaces import TaskMetrics
 from ...engine.lease import Lease
 from ...engine.metrics import NO_METRICS
 from ...engine.parking import parker
-from ...engine.phase import LiveState
+from ...engine.phase import LiveState, Phase
 from ...engine.task import PartitionTask
 from ...engine.task_config import TaskConfig
 from ...engine.task_surface import HistoryFeed
@@ -245,7 +245,7 @@ class KafkaSource:
     async def _poll_loop(self) -> None:
         consumer, tasks = self._consumer, self.assignment.tasks
         while not self._stopping:
-            if self._warmups and not self.assignment.rebalancing:
+            if self._warmups and not self.assignment.rebalancing and self._all_live():
                 self._probe()
             try:
                 fetched = await consumer.getmany(timeout_ms=self.settings.poll_timeout_ms)
@@ -266,6 +266,16 @@ class KafkaSource:
                 else:
                     task.dropped()
 
+    def _all_live(self) -> bool:
+        """Every partition of this worker is live and taking deliveries. A rebalance asked
+        for before then revokes partitions still opening or rejoining after the last one
+        (a fail-over's promoted standbys among them): a task is kept over a rebalance only
+        when live and idle, so they would close and open again, unavailable meanwhile."""
+        return all(
+            task.phase is Phase.LIVE and task.live_state is not LiveState.REJOINING
+            for task in self.assignment.tasks.values()
+        )
+
     def _probe(self) -> None:
         """Once every warm-up standby is caught up, ask the group to rebalance (a probing
         rebalance: the assignor moves their partitions here, :mod:`.assignor` rule 6)."""
@@ -282,7 +292,7 @@ class KafkaSource:
         except Exception as exc:  # not assigned any more: nothing to rewind
             log.debug("%s[%d]: no rewind (%r)", tp.topic, tp.partition, exc)
 
-    def _acquire(self, assigned: Iterable[TopicPartition]) -> None:
+    def _acquire(self, assigned: Iterable[TopicPartition], *, continuous: bool = False) -> None:
         if self._stopping:
             return
         for tp in assigned:
@@ -294,7 +304,7 @@ class KafkaSource:
             if kept is not None:
                 log.debug("assigned %s[%d] again: kept open", tp.topic, tp.partition)
                 self.assignment.tasks[key] = kept
-                kept.rejoin()
+                kept.rejoin(continuous=continuous)
                 continue
             log.debug("assigned %s[%d]", tp.topic, tp.partition)
             task = self._task(topic, tp)
@@ -364,12 +374,15 @@ class KafkaSource:
         begins with the new generation, their tasks start (or go on), the rest close."""
         generation = current_generation(self._consumer)  # before any await
         given = self._assignor.take()
+        # The generation right after the one whose assignment the kept tasks are from:
+        # no other worker can have owned them in between.
+        continuous = generation is not None and generation.number == self._owned.generation + 1
         if generation is not None:  # the assignment confirms it (the group's SyncGroup)
             self.lease.begin(generation, time.monotonic())
             self._owned = Holdings(generation.number, frozenset(assigned))
         # a promoted standby's stores close before its task opens them (their lock)
         await self.standbys.drop((tp.topic, tp.partition) for tp in assigned)
-        self._acquire(assigned)  # kept tasks it hands back go on from where they were
+        self._acquire(assigned, continuous=continuous)  # kept tasks go on where they were
         await self._close_suspended()
         if not self._stopping:
             await self.standbys.update(given.standby - assigned)
