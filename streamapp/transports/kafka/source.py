@@ -28,6 +28,7 @@ from ...engine.lease import Lease
 from ...engine.metrics import NO_METRICS
 from ...engine.parking import parker
 from ...engine.phase import LiveState, Phase
+from ...engine.state import close_store
 from ...engine.task import PartitionTask
 from ...engine.task_config import TaskConfig
 from ...engine.task_surface import HistoryFeed
@@ -117,6 +118,8 @@ class KafkaSource:
             lambda agent, p: rocks_opener(settings, app.id, agent.name, p),
             None if history is None else history.identity,
         )
+        self._promoted: dict[tuple[str, int, str], Store] = {}
+        """Promoted standbys' stores, open, until their tasks take them (:meth:`assigned`)."""
         self._owned: Holdings = Holdings()
         """What the last assignment gave this worker (its partitions)."""
         self._holdings: Holdings = Holdings()
@@ -207,6 +210,7 @@ class KafkaSource:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._release(list(self.assignment.tasks))
         await self._close_suspended()
+        await self._close_promoted()
         await self.standbys.close()
         await self._commits.close()
         await self._heartbeats.stop()
@@ -343,6 +347,10 @@ class KafkaSource:
         )
 
         def open_store(agent: Agent, spaces: list[str]) -> Store:
+            promoted = self._promoted.pop((tp.topic, p, agent.name), None)
+            if promoted is not None:  # its standby's, open: the tail restore follows
+                log.info("%s: agent %s takes its standby's store over", name, agent.name)
+                return promoted
             return rocks_opener(settings, app.id, agent.name, p)(spaces)
 
         return self._factory.create(
@@ -368,6 +376,7 @@ class KafkaSource:
         self._hold()  # before the JoinGroup: the same metadata for every try of it
         self.lease.end()
         await self._release(revoked, keep=True)
+        await self._close_promoted()
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         """The group gave ``assigned`` (the rebalance listener's second half): the lease
@@ -380,8 +389,10 @@ class KafkaSource:
         if generation is not None:  # the assignment confirms it (the group's SyncGroup)
             self.lease.begin(generation, time.monotonic())
             self._owned = Holdings(generation.number, frozenset(assigned))
-        # a promoted standby's stores close before its task opens them (their lock)
-        await self.standbys.drop((tp.topic, tp.partition) for tp in assigned)
+        # a promoted standby's stores go over to its task open (their lock, no reopen)
+        self._promoted.update(
+            await self.standbys.promote((tp.topic, tp.partition) for tp in assigned)
+        )
         self._acquire(assigned, continuous=continuous)  # kept tasks go on where they were
         await self._close_suspended()
         if not self._stopping:
@@ -413,6 +424,12 @@ class KafkaSource:
         closing = list(self._suspended.values())
         self._suspended.clear()
         await self._close(closing)
+
+    async def _close_promoted(self) -> None:
+        """Close the promoted standbys' stores no task took (closed before it opened)."""
+        left = list(self._promoted.values())
+        self._promoted.clear()
+        await asyncio.gather(*(close_store(store) for store in left))
 
     async def _close(self, closing: list[PartitionTask]) -> None:
         results = await asyncio.gather(*(t.close() for t in closing), return_exceptions=True)

@@ -125,6 +125,7 @@ class StandbyReplica:
             asyncio.create_task(self._run(store), name=f"standby {self.name} {store.agent.name}")
             for store in self.stores
         ]
+        self._handing: dict[str, Store] | None = None
 
     def copy(self, table: str) -> StandbyCopy | None:
         """The checked copy of the table labelled ``table``, with its lag (None: not
@@ -153,6 +154,14 @@ class StandbyReplica:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def hand_over(self) -> dict[str, Store]:
+        """Stop following and hand each agent's store over open, by agent name: the
+        partition's task opens here next and takes it as it is, with no close (a flush)
+        and no open in between. A store refused, failed or still opening is closed."""
+        self._handing = {}
+        await self.close()
+        return self._handing
 
     async def _run(self, store: StandbyStore) -> None:
         agent = store.agent
@@ -188,7 +197,10 @@ class StandbyReplica:
             store.refused = str(exc)
         finally:
             store.tables = None
-            await close_store(raw)
+            if self._handing is not None and store.refused is None:
+                self._handing[agent.name] = raw  # between two writes: its own checkpoint's
+            else:
+                await close_store(raw)
 
     async def _follow(self, store: StandbyStore, tables: PartitionTables) -> None:
         tp = store.tp
@@ -282,6 +294,17 @@ class Standbys:
     def held(self) -> dict[TopicPartition, int]:
         """Each standby partition with the records it is behind (-1: not known yet)."""
         return {r.source: r.lag() for r in self.replicas.values()}
+
+    async def promote(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int, str], Store]:
+        """Stop the standbys of ``keys`` (their partitions' tasks open here now); their
+        stores, open, by (topic, partition, agent name) (:meth:`StandbyReplica.hand_over`)."""
+        taking = [self.replicas.pop(k) for k in set(keys) if k in self.replicas]
+        handed = await asyncio.gather(*(r.hand_over() for r in taking))
+        return {
+            (replica.source.topic, replica.source.partition, agent): store
+            for replica, stores in zip(taking, handed, strict=True)
+            for agent, store in stores.items()
+        }
 
     async def drop(self, keys: Iterable[tuple[str, int]]) -> None:
         """Close the standbys of ``keys`` (before their partitions' tasks open here)."""
