@@ -25,8 +25,8 @@ from .harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CONTINUOUS = re.compile(r"live (\S+) again at position \d+ \(kept open; held by no one else")
-FENCED = re.compile(r"live (\S+) again at position \d+ \(kept open; fenced, the tail restored")
+CONTINUOUS = re.compile(r"live (\S+) again at position \S+ \(kept open; held by no one else")
+FENCED = re.compile(r"live (\S+) again at position \S+ \(kept open; fenced, the tail restored")
 
 
 async def test_kept_partitions_rejoin_at_once_when_no_one_else_held_them(

@@ -37,7 +37,7 @@ rules, in this order (:func:`plan`, pure and unit-tested):
    with it, and a member under quota builds a standby of it first (one of its
    standbys, marked as a warm-up in the assignment). When every warm-up standby of a
    member has caught up, that member asks the group to rebalance (a probing rebalance,
-   :func:`streamapp.transports.kafka.source.request_rejoin`); then rule 4 gives it the
+   :func:`streamapp.transports.kafka.warmup.request_rejoin`); then rule 4 gives it the
    unit, which restores only the tail. So a scale-out leaves no partition unavailable
    while it restores. Without standbys a unit moves at once and restores in full.
 

@@ -27,8 +27,7 @@ from ...engine.interfaces import TaskMetrics
 from ...engine.lease import Lease
 from ...engine.metrics import NO_METRICS
 from ...engine.parking import parker
-from ...engine.phase import LiveState, Phase
-from ...engine.state import close_store
+from ...engine.phase import LiveState
 from ...engine.task import PartitionTask
 from ...engine.task_config import TaskConfig
 from ...engine.task_surface import HistoryFeed
@@ -39,7 +38,7 @@ from ...records import Delivery
 from ...settings.settings import Settings
 from ...tables.store import Store, rocks_opener
 from ...topics import TopicSpec
-from .assignor import ACCEPTABLE_LAG, Holdings, StickyAssignor
+from .assignor import Holdings, StickyAssignor
 from .commits import FLUSH_TIMEOUT_S, OffsetCommits
 from .connection import with_startup_retry
 from .fetched import as_deliveries, deliver_records, position_of
@@ -47,12 +46,13 @@ from .lease import HeartbeatLease
 from .members import Generation
 from .port import KafkaPartitionPort
 from .sink import KafkaSink
-from .standby import Standbys
+from .standby import PromotedStores, Standbys
 from .topology import check_new_lanes, check_topics, delete_retention_ms
 from .transaction import KafkaTransaction
 from .txn_backoff import shorten_concurrent_transactions_backoff
 from .txn_offsets import Member
 from .txn_writer import TransactionalWriter, WorkerId
+from .warmup import WarmupProbe
 
 log = logging.getLogger("streamapp.kafka")
 POLL_STOP_GRACE_S = 2.0
@@ -118,8 +118,7 @@ class KafkaSource:
             lambda agent, p: rocks_opener(settings, app.id, agent.name, p),
             None if history is None else history.identity,
         )
-        self._promoted: dict[tuple[str, int, str], Store] = {}
-        """Promoted standbys' stores, open, until their tasks take them (:meth:`assigned`)."""
+        self._promoted = PromotedStores()
         self._owned: Holdings = Holdings()
         """What the last assignment gave this worker (its partitions)."""
         self._holdings: Holdings = Holdings()
@@ -130,8 +129,6 @@ class KafkaSource:
             app.copartitioned,
             warmups=settings.standby_replicas > 0,
         )
-        self._warmups: frozenset[TopicPartition] = frozenset()
-        """Standbys to take over once caught up: then a probing rebalance is asked."""
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.kafka_bootstrap,
             group_id=settings.group_id,
@@ -150,6 +147,7 @@ class KafkaSource:
             # (each with the protocols so far), which keeps a group rebalancing
             partition_assignment_strategy=(self._assignor,),
         )
+        self._warmup = WarmupProbe(self._consumer)
         # A revoke flushes them within a quarter of the rebalance timeout (a batch in
         # hand may take half of it).
         self._commits = OffsetCommits(
@@ -160,9 +158,10 @@ class KafkaSource:
         """The worker's one transactional producer (made at start when a task needs it)."""
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._suspended: dict[tuple[str, int], PartitionTask] = {}
+        self._suspended: dict[tuple[str, int], tuple[PartitionTask, int]] = {}
         """Tasks revoked by the rebalance in progress, kept open in case it hands their
-        partitions back (closed once the assignment is known)."""
+        partitions back (closed once the assignment is known), each with the generation
+        of the assignment it is from."""
         self._failed: BaseException | None = None
         self.generation: Generation | None = None
         """The group generation of the current assignment (None during a rebalance):
@@ -210,13 +209,14 @@ class KafkaSource:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._release(list(self.assignment.tasks))
         await self._close_suspended()
-        await self._close_promoted()
+        await self._promoted.close()
         await self.standbys.close()
         await self._commits.close()
         await self._heartbeats.stop()
         await self._consumer.stop()
         await self._release(list(self.assignment.tasks))  # any taken during the leave
         await self._close_suspended()
+        await self._promoted.close()
         if self._admin is not None:
             await self._admin.close()
         if self._writer is not None:
@@ -249,8 +249,8 @@ class KafkaSource:
     async def _poll_loop(self) -> None:
         consumer, tasks = self._consumer, self.assignment.tasks
         while not self._stopping:
-            if self._warmups and not self.assignment.rebalancing and self._all_live():
-                self._probe()
+            if not self.assignment.rebalancing:  # standbys to take over once caught up
+                self._warmup.poll(tasks.values(), self.standbys.held())
             try:
                 fetched = await consumer.getmany(timeout_ms=self.settings.poll_timeout_ms)
             except KafkaError as exc:
@@ -270,33 +270,16 @@ class KafkaSource:
                 else:
                     task.dropped()
 
-    def _all_live(self) -> bool:
-        """Every partition of this worker is live and taking deliveries. A rebalance asked
-        for before then revokes partitions still opening or rejoining after the last one
-        (a fail-over's promoted standbys among them): a task is kept over a rebalance only
-        when live and idle, so they would close and open again, unavailable meanwhile."""
-        return all(
-            task.phase is Phase.LIVE and task.live_state is not LiveState.REJOINING
-            for task in self.assignment.tasks.values()
-        )
-
-    def _probe(self) -> None:
-        """Once every warm-up standby is caught up, ask the group to rebalance (a probing
-        rebalance: the assignor moves their partitions here, :mod:`.assignor` rule 6)."""
-        lags = self.standbys.held()
-        if all(0 <= lags.get(tp, -1) <= ACCEPTABLE_LAG for tp in self._warmups):
-            names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(self._warmups))
-            log.info("warm-up standbys of %s caught up: asking the group to rebalance", names)
-            self._warmups = frozenset()
-            request_rejoin(self._consumer)
-
     def _rewind_unowned(self, tp: TopicPartition, offset: int) -> None:
         try:
             self._consumer.seek(tp, offset)
         except Exception as exc:  # not assigned any more: nothing to rewind
             log.debug("%s[%d]: no rewind (%r)", tp.topic, tp.partition, exc)
 
-    def _acquire(self, assigned: Iterable[TopicPartition], *, continuous: bool = False) -> None:
+    def _acquire(self, assigned: Iterable[TopicPartition], generation: int | None) -> None:
+        """Start the tasks of ``assigned`` (given under ``generation``); a kept one goes on,
+        without a restore when ``generation`` is the very next after its own: no other
+        worker can have owned its partition in between."""
         if self._stopping:
             return
         for tp in assigned:
@@ -307,8 +290,9 @@ class KafkaSource:
             kept = self._suspended.pop(key, None)
             if kept is not None:
                 log.debug("assigned %s[%d] again: kept open", tp.topic, tp.partition)
-                self.assignment.tasks[key] = kept
-                kept.rejoin(continuous=continuous)
+                task, since = kept
+                self.assignment.tasks[key] = task
+                task.rejoin(continuous=generation is not None and generation == since + 1)
                 continue
             log.debug("assigned %s[%d]", tp.topic, tp.partition)
             task = self._task(topic, tp)
@@ -347,7 +331,7 @@ class KafkaSource:
         )
 
         def open_store(agent: Agent, spaces: list[str]) -> Store:
-            promoted = self._promoted.pop((tp.topic, p, agent.name), None)
+            promoted = self._promoted.take(tp.topic, p, agent.name)
             if promoted is not None:  # its standby's, open: the tail restore follows
                 log.info("%s: agent %s takes its standby's store over", name, agent.name)
                 return promoted
@@ -376,28 +360,31 @@ class KafkaSource:
         self._hold()  # before the JoinGroup: the same metadata for every try of it
         self.lease.end()
         await self._release(revoked, keep=True)
-        await self._close_promoted()
+        await self._promoted.close()
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         """The group gave ``assigned`` (the rebalance listener's second half): the lease
         begins with the new generation, their tasks start (or go on), the rest close."""
         generation = current_generation(self._consumer)  # before any await
         given = self._assignor.take()
-        # The generation right after the one whose assignment the kept tasks are from:
-        # no other worker can have owned them in between.
-        continuous = generation is not None and generation.number == self._owned.generation + 1
         if generation is not None:  # the assignment confirms it (the group's SyncGroup)
             self.lease.begin(generation, time.monotonic())
             self._owned = Holdings(generation.number, frozenset(assigned))
-        # a promoted standby's stores go over to its task open (their lock, no reopen)
-        self._promoted.update(
-            await self.standbys.promote((tp.topic, tp.partition) for tp in assigned)
-        )
-        self._acquire(assigned, continuous=continuous)  # kept tasks go on where they were
-        await self._close_suspended()
-        if not self._stopping:
+        try:
+            keys = [(tp.topic, tp.partition) for tp in assigned]
+            if self._stopping:  # no task opens here any more
+                await self.standbys.drop(keys)
+            else:  # a promoted standby's stores go over to its task open (no reopen)
+                self._promoted.add(await self.standbys.promote(keys))
+            # kept tasks go on where they were
+            self._acquire(assigned, None if generation is None else generation.number)
+        finally:
+            await self._close_suspended()
+        if self._stopping:
+            await self._promoted.close()  # the stop began while the standbys stopped
+        else:
             await self.standbys.update(given.standby - assigned)
-            self._warmups = given.warmup - assigned
+            self._warmup.warmups = given.warmup - assigned
         self.generation = generation
         self.assignment.rebalancing = False
 
@@ -414,22 +401,16 @@ class KafkaSource:
             kept = await asyncio.gather(*(t.suspend() for t in closing), return_exceptions=True)
             for (key, task), ok in zip(taken, kept, strict=True):
                 if ok is True:
-                    self._suspended[key] = task
+                    self._suspended[key] = (task, self._owned.generation)
             closing = [task for (_, task), ok in zip(taken, kept, strict=True) if ok is not True]
         await self._close(closing)
         await self._commits.flush()  # committed while the partitions are still ours
 
     async def _close_suspended(self) -> None:
         """Close the kept tasks the new assignment did not hand back."""
-        closing = list(self._suspended.values())
+        closing = [task for task, _ in self._suspended.values()]
         self._suspended.clear()
         await self._close(closing)
-
-    async def _close_promoted(self) -> None:
-        """Close the promoted standbys' stores no task took (closed before it opened)."""
-        left = list(self._promoted.values())
-        self._promoted.clear()
-        await asyncio.gather(*(close_store(store) for store in left))
 
     async def _close(self, closing: list[PartitionTask]) -> None:
         results = await asyncio.gather(*(t.close() for t in closing), return_exceptions=True)
@@ -479,14 +460,3 @@ def group_member(consumer: AIOKafkaConsumer) -> Member | None:
     if not member_id:
         return None
     return Member(number, member_id)
-
-
-def request_rejoin(consumer: AIOKafkaConsumer) -> None:
-    """Make ``consumer`` join its group again (a rebalance). aiokafka has it on its group
-    coordinator only (``request_rejoin``), with no public accessor."""
-    coordinator = getattr(consumer, "_coordinator", None)
-    rejoin = getattr(coordinator, "request_rejoin", None)
-    if callable(rejoin):
-        rejoin()
-    else:
-        log.warning("the consumer cannot be asked to rejoin its group: no probing rebalance")

@@ -10,10 +10,11 @@ a standby of a partition this worker owns (:mod:`streamapp.transports.kafka.assi
 
 Its stores are the ones the partition's task opens here (same directory, same
 ``memory_limit_mb`` cache, :func:`~streamapp.tables.store.rocks_opener`), so a promotion
-is the ordinary open: the standby is closed first (its RocksDB lock released), then the
-task fences the previous owner (the transactional writer's start), restores from the
-store's changelog position (only the tail the standby had not applied) and checks what
-the state was made from (:mod:`streamapp.engine.provenance`). Before a standby answers a
+is the ordinary open of a store already open: the standby stops following and hands its
+stores over (:class:`PromotedStores`; no close, which flushes, and no reopen), then the
+task checks it owns the partition (the owner's lease), restores from the store's
+changelog position (only the tail the standby had not applied) and checks what the
+state was made from (:mod:`streamapp.engine.provenance`). Before a standby answers a
 ``?stale_ok=1`` view it is checked alike, once it has caught up: lineage (a store of a
 changelog deleted and made again is wiped, :mod:`.lineage`), then provenance (another
 partition count, table version or event store: it refuses and never answers).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -307,7 +309,7 @@ class Standbys:
         }
 
     async def drop(self, keys: Iterable[tuple[str, int]]) -> None:
-        """Close the standbys of ``keys`` (before their partitions' tasks open here)."""
+        """Close the standbys of ``keys``."""
         closing = [self.replicas.pop(k) for k in set(keys) if k in self.replicas]
         await asyncio.gather(*(r.close() for r in closing), return_exceptions=True)
 
@@ -337,3 +339,27 @@ class Standbys:
 
     async def close(self) -> None:
         await self.drop(list(self.replicas))
+
+
+class PromotedStores:
+    """Promoted standbys' stores, open, until their partitions' tasks take them (the
+    group gave the partition here: :meth:`Standbys.promote`). A task takes its store in
+    its store-opening thread (``engine.state.open_one``), hence the lock; what no task
+    took (closed before it opened) is closed at the next revoke or at the stop."""
+
+    def __init__(self) -> None:
+        self._stores: dict[tuple[str, int, str], Store] = {}
+        self._lock = threading.Lock()
+
+    def add(self, stores: dict[tuple[str, int, str], Store]) -> None:
+        with self._lock:
+            self._stores.update(stores)
+
+    def take(self, topic: str, partition: int, agent: str) -> Store | None:
+        with self._lock:
+            return self._stores.pop((topic, partition, agent), None)
+
+    async def close(self) -> None:
+        with self._lock:  # an opening cancelled meanwhile may still take one: not these
+            left, self._stores = self._stores, {}
+        await asyncio.gather(*(close_store(store) for store in left.values()))
