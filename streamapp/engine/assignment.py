@@ -6,6 +6,7 @@ source); the worker, the views and the status page read it, and know no transpor
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -66,8 +67,8 @@ class Assignment:
     def __init__(self, app: Agents) -> None:
         self.app = app
         self.tasks: dict[tuple[str, int], PartitionTask] = {}
-        self.rebalancing = True
-        """True from start (or a revocation) until the partitions are handed out."""
+        self._rebalancing = True
+        self._settled_at: float | None = None
         self.directory: Directory | None = None
         """Owners of the partitions of other workers (None: views do not forward)."""
         self.served: dict[str, int] = {}
@@ -86,6 +87,25 @@ class Assignment:
         """Who else finds stalled partitions: the transport, where it can tell (RabbitMQ:
         the broker gives the queue to another consumer,
         :mod:`streamapp.transports.rabbitmq.stalled`)."""
+
+    @property
+    def rebalancing(self) -> bool:
+        """True from start (or a revocation) until the partitions are handed out."""
+        return self._rebalancing
+
+    @rebalancing.setter
+    def rebalancing(self, value: bool) -> None:
+        if self._rebalancing and not value:
+            self._settled_at = time.monotonic()
+        self._rebalancing = value
+
+    def last_rebalance_s_ago(self) -> float | None:
+        """How long ago the partitions were last handed out (None while a rebalance
+        runs, or before the first ended): ``/status``, as Kafka's consumer metric
+        ``last-rebalance-seconds-ago``; a fail-over is timed from it."""
+        if self._rebalancing or self._settled_at is None:
+            return None
+        return time.monotonic() - self._settled_at
 
     def owner_of(self, table: str, key: str) -> tuple[int, PartitionTask | None]:
         """The partition of ``key`` in the table labelled ``table`` (``Table.label``), and

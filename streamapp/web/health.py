@@ -63,6 +63,7 @@ def add_routes(
                 "app": assignment.app.id,
                 "ready": assignment.ready,
                 "rebalancing": assignment.rebalancing,
+                "last_rebalance_s_ago": _rounded(assignment.last_rebalance_s_ago()),
                 "agents": {
                     name: {
                         "topic": agent.topic.name,
@@ -85,6 +86,10 @@ def add_routes(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 def _held(assignment: Assignment, agent: Agent) -> dict[str, int]:

@@ -80,6 +80,32 @@ async def _status(http: aiohttp.ClientSession, w: WorkerProc) -> dict[str, Any] 
     return body if status == 200 else None
 
 
+async def _answering(
+    http: aiohttp.ClientSession,
+    w: WorkerProc,
+    keys: list[str],
+    seen: list[Any],
+    reasons: list[tuple[float, int, str]],
+) -> float:
+    """When a round of reads of ``keys`` from ``w`` first all answered (each routed to
+    its partition's owner), on this process's monotonic clock; ``seen[0]`` the last
+    round's statuses, ``reasons`` every answer but 200 on the way."""
+    seen[:1] = [[]]
+    while True:
+        answers = [
+            await _get(http, f"http://127.0.0.1:{w.port}/tables/order_status/{k}") for k in keys
+        ]
+        seen[0] = [status for status, _, _ in answers]
+        at = time.monotonic()
+        for key, (status, body, _) in zip(keys, answers, strict=True):
+            if status != 200:  # why, for the report: (when, partition, reason)
+                why = body.get("error") if isinstance(body, dict) else None
+                reasons.append((at, _partition_of(key), f"{status} {why or '(no answer)'}"))
+        if all(status == 200 for status, _, _ in answers):
+            return at
+        await asyncio.sleep(0.02)
+
+
 def _owned(status: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     return {} if status is None else status["partitions"]
 
@@ -216,35 +242,43 @@ async def _fail_over(
             probes = _probes(sorted(expected))
             figures: dict[str, float] = {}
             seen: list[Any] = []
+            # Probed in a loop of its own, so that the answers are timed to a round of
+            # 8 reads, not to a round that also waits for two /status bodies.
+            reasons: list[tuple[float, int, str]] = []
+            probing = asyncio.create_task(
+                _answering(http, survivors[0], list(probes.values()), seen, reasons)
+            )
 
             async def check() -> bool:
-                statuses = [await _status(http, w) for w in survivors]
-                owned = {_number(n) for s in statuses for n in _owned(s)}
-                settled = all(s is not None and not s["rebalancing"] for s in statuses)
+                owned: set[int] = set()
+                handed_out: list[float] = []
+                for w in survivors:
+                    s = await _status(http, w)
+                    received = time.monotonic()
+                    owned |= {_number(n) for n in _owned(s)}
+                    ago = None if s is None else s["last_rebalance_s_ago"]
+                    if ago is not None:  # None: rebalancing
+                        handed_out.append(received - ago)
+                settled = len(handed_out) == len(survivors)
                 if "assigned_s" not in figures and settled and owned == set(range(8)):
-                    figures["assigned_s"] = time.monotonic() - killed
-                answers = [
-                    (
-                        await _get(
-                            http, f"http://127.0.0.1:{survivors[0].port}/tables/order_status/{k}"
-                        )
-                    )[0]
-                    for k in probes.values()
-                ]
-                seen[:] = [answers, [_owned(s) for s in statuses]]
-                if "assigned_s" in figures and all(a == 200 for a in answers):
-                    figures["answering_s"] = time.monotonic() - killed
-                    return True
-                return False
+                    # the later hand-out of the two, each as its worker timed it
+                    figures["assigned_s"] = max(handed_out) - killed
+                seen[1:] = [sorted(owned)]
+                return "assigned_s" in figures and probing.done()
 
-            await until(
-                check,
-                what="every partition answering again after the kill",
-                progress=lambda: frozen(seen),
-                stalled_s=60,
-                poll_s=0.05,
-                detail=lambda: seen,
-            )
+            try:
+                await until(
+                    check,
+                    what="every partition answering again after the kill",
+                    progress=lambda: frozen(seen),
+                    stalled_s=60,
+                    poll_s=0.05,
+                    detail=lambda: seen,
+                )
+            finally:
+                probing.cancel()
+            figures["answering_s"] = probing.result() - killed
+            _why_unanswered(reasons, killed + figures["assigned_s"])
             statuses = [await _status(http, w) for w in survivors]
             figures["restored"] = sum(
                 part["restored"]
@@ -277,6 +311,21 @@ async def _fail_over(
         for w in workers:
             if w.alive:
                 w.kill()
+
+
+def _why_unanswered(reasons: list[tuple[float, int, str]], assigned: float) -> None:
+    """Print why keys went unanswered after the assignment: each reason with its
+    partitions and the span of its answers, in seconds after the assignment."""
+    spans: dict[str, tuple[set[int], float, float]] = {}
+    for at, partition, why in reasons:
+        if at >= assigned:
+            parts, first, last = spans.get(why, (set(), at, at))
+            spans[why] = (parts | {partition}, min(first, at), max(last, at))
+    for why, (parts, first, last) in sorted(spans.items(), key=lambda kv: kv[1][1]):
+        print(
+            f"  after the assignment, {first - assigned:+.2f}s to {last - assigned:+.2f}s, "
+            f"partitions {sorted(parts)}: {why}"
+        )
 
 
 def _report(replicas: int, keys: int, figures: dict[str, float]) -> None:

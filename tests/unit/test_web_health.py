@@ -60,3 +60,23 @@ async def test_status_shows_agents_phases_lag_and_outcomes() -> None:
     assert part["lag"] == 1
     assert part["outcomes"]["delivered"] >= 1
     assert body["ready"] is True
+
+
+async def test_status_says_how_long_ago_the_last_rebalance_ended() -> None:
+    world = World(orders_app())
+    async with TestClient(TestServer(make_app(world.assignment, "w1"))) as client:
+        body = await (await client.get("/status")).json()
+        assert body["rebalancing"] is True
+        assert body["last_rebalance_s_ago"] is None  # none ended yet
+        await world.own(range(2))  # handed out
+        first = (await (await client.get("/status")).json())["last_rebalance_s_ago"]
+        assert isinstance(first, float)
+        assert 0.0 <= first < 60.0
+        world.assignment.rebalancing = True  # a revocation started
+        assert (await (await client.get("/status")).json())["last_rebalance_s_ago"] is None
+        world.assignment.rebalancing = False
+        again = (await (await client.get("/status")).json())["last_rebalance_s_ago"]
+        assert isinstance(again, float)
+        world.assignment.rebalancing = False  # no change: the time stays the last one
+        later = (await (await client.get("/status")).json())["last_rebalance_s_ago"]
+        assert later >= again

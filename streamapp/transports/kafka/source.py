@@ -27,7 +27,7 @@ from ...engine.interfaces import TaskMetrics
 from ...engine.lease import Lease
 from ...engine.metrics import NO_METRICS
 from ...engine.parking import parker
-from ...engine.phase import LiveState
+from ...engine.phase import LiveState, Phase
 from ...engine.task import PartitionTask
 from ...engine.task_config import TaskConfig
 from ...engine.task_surface import HistoryFeed
@@ -117,6 +117,7 @@ class KafkaSource:
             settings.kafka_bootstrap,
             lambda agent, p: rocks_opener(settings, app.id, agent.name, p),
             None if history is None else history.identity,
+            restoring=self._restoring,
         )
         self._promoted = PromotedStores()
         self._owned: Holdings = Holdings()
@@ -361,6 +362,10 @@ class KafkaSource:
         self.lease.end()
         await self._release(revoked, keep=True)
         await self._promoted.close()
+
+    def _restoring(self) -> bool:
+        """Whether a partition this worker owns is restoring (its standbys wait)."""
+        return any(t.phase is Phase.RESTORING for t in self.assignment.tasks.values())
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         """The group gave ``assigned`` (the rebalance listener's second half): the lease

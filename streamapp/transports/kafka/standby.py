@@ -18,6 +18,13 @@ state was made from (:mod:`streamapp.engine.provenance`). Before a standby answe
 ``?stale_ok=1`` view it is checked alike, once it has caught up: lineage (a store of a
 changelog deleted and made again is wiped, :mod:`.lineage`), then provenance (another
 partition count, table version or event store: it refuses and never answers).
+
+Active partitions first: a standby applies nothing while a partition this worker owns is
+restoring (its opening: stores, fence, changelog tail), as Kafka Streams updates standby
+tasks only once no active task restores. A fail-over hands the lost partitions' new
+standbys out in the same assignment that promotes the old ones, and their restores (a
+whole store each) would otherwise take the event loop in turns with the openings that
+make the lost keys answer again.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ END_EVERY_S = 1.0
 """How often a standby reads its changelog's end (its lag) while records come."""
 RETRY_S = 2.0
 """The pause before a standby that failed (the broker away) starts following again."""
+YIELD_S = 0.05
+"""How often a standby that gives way to an active partition's restore looks again."""
 
 Opener = Callable[[Agent, int], Callable[[list[str]], Store]]
 """Opens an agent's store of a partition with these spaces (blocking)."""
@@ -114,8 +123,11 @@ class StandbyReplica:
         bootstrap: str,
         opener: Opener,
         identity: Identity | None,
+        restoring: Callable[[], bool] = lambda: False,
     ) -> None:
         self.source, self.bootstrap = source, bootstrap
+        self._restoring = restoring
+        """True while a partition this worker owns restores: this standby waits."""
         self.name = f"{source.topic}[{source.partition}]"
         self._opener, self._identity, self._app = opener, identity, app
         self.stores = [
@@ -226,6 +238,7 @@ class StandbyReplica:
             reader = CommittedReader(consumer, tp)
             position, read_end = tables.checkpoint.changelog, time.monotonic()
             while True:
+                await self._give_way()
                 batches, after = await reader.fetch(position)
                 chunk = RestoreChunk(tables)
                 for batch, next_offset in batches:
@@ -234,6 +247,7 @@ class StandbyReplica:
                     if chunk.taken >= CHUNK:
                         store.applied += _write(chunk, tables, position)
                         await asyncio.sleep(0)
+                        await self._give_way()
                         chunk = RestoreChunk(tables)
                 if chunk.taken or after != tables.checkpoint.changelog:
                     store.applied += _write(chunk, tables, after)
@@ -249,6 +263,12 @@ class StandbyReplica:
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    async def _give_way(self) -> None:
+        """Wait while a partition this worker owns restores (see the module): looked at
+        every :data:`YIELD_S`, as a task's phase moves in many places and signals none."""
+        while self._restoring():  # noqa: ASYNC110
+            await asyncio.sleep(YIELD_S)
 
     @staticmethod
     def _behind(store: StandbyStore, lag: int) -> None:
@@ -289,8 +309,17 @@ def _write(chunk: RestoreChunk, tables: PartitionTables, position: int) -> int:
 class Standbys:
     """This worker's standby replicas, by (topic, partition), as the assignor gives them."""
 
-    def __init__(self, app: App, bootstrap: str, opener: Opener, identity: Identity | None) -> None:
+    def __init__(
+        self,
+        app: App,
+        bootstrap: str,
+        opener: Opener,
+        identity: Identity | None,
+        restoring: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.app, self.bootstrap, self._opener, self._identity = app, bootstrap, opener, identity
+        self._restoring = restoring
+        """True while a partition this worker owns restores (standbys wait meanwhile)."""
         self.replicas: dict[tuple[str, int], StandbyReplica] = {}
 
     def held(self) -> dict[TopicPartition, int]:
@@ -328,6 +357,7 @@ class Standbys:
                     bootstrap=self.bootstrap,
                     opener=self._opener,
                     identity=self._identity,
+                    restoring=self._restoring,
                 )
 
     def copy(self, topic: str, partition: int, table: str) -> StandbyCopy | None:

@@ -214,11 +214,21 @@ async def restore(
         auto_offset_reset="earliest",
     )
     try:
+        began = time.monotonic()
         await consumer.start()
         consumer.assign([tp])
         consumer.pause(tp)  # read by the CommittedReader (the lineage check resumes it)
+        started = time.monotonic()
         end = await _settled_end(bootstrap, consumer, tp, pending_s)
+        settled = time.monotonic()
         why = await mismatch(consumer, tp, tables.checkpoint, end, stall_timeout_s)
+        log.debug(  # an opening's "fence and restore" in parts (docs/operations.md)
+            "restore %s: consumer %.3fs, settled end %.3fs, lineage %.3fs",
+            where,
+            started - began,
+            settled - started,
+            time.monotonic() - settled,
+        )
         if why is not None:
             log.warning(
                 "the local store %s is not of changelog %s: %s. It is wiped and restored "
@@ -288,6 +298,11 @@ async def _settled_end(
     )
     await top.start()
     try:
+        # assigned (and paused: it fetches nothing), its metadata is asked for at once;
+        # a consumer asked for the offsets of a partition it knows nothing of first
+        # waits out a metadata back-off (retry_backoff_ms, 0.1 s of every opening)
+        top.assign([tp])
+        top.pause(tp)
         high = int((await top.end_offsets([tp]))[tp])
     finally:
         await top.stop()
