@@ -50,10 +50,12 @@ async def rejoin_partition(task: TaskSurface, *, continuous: bool = False) -> No
     try:
         if task.transaction is not None:
             # Another worker may have held the partition between the revoke and now
-            # (this one out of the group meanwhile): the reset fences it, and its
-            # committed batches are restored from the changelogs. Not when the group
-            # gave it back in the very next generation: no one else held it, and the
-            # stores are the state of its last commit.
+            # (this one out of the group meanwhile): the reset checks the lease again
+            # and starts a writer that can commit, and what that worker committed is
+            # restored from the changelogs (the group refuses its offsets after the
+            # move: an older generation; txn_writer's module says what remains). Not
+            # when the group gave it back in the very next generation: no one else
+            # held it, and the stores are the state of its last commit.
             if not continuous:
                 await task.transaction.reset()
                 await restore_tail(task)
@@ -184,7 +186,8 @@ async def lane_starts(task: TaskSurface, lanes: Sequence[Lane]) -> list[LaneStar
     committed: Committed | None = None
     stateless = any(lane.tables is None for lane in lanes)
     if stateless and (len(task.lanes) > 1 or task.transaction is not None):
-        # Read after the fence (open): the previous owner's transaction is settled.
+        # Read after the open: the lease checked, the changelogs' open transactions
+        # waited out (a zombie's pending offsets: txn_writer's module says what is not).
         committed = await task.port.committed()
     history_start: int | None = None
     starts: list[LaneStart] = []

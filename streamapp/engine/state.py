@@ -88,9 +88,11 @@ class PartitionState:
 
     # open, restore, release --------------------------------------------------------
     async def open(self) -> None:
-        """Open every lane's store while the previous owner is fenced (the transactional
-        writer's start: broker round trips, while a store open holds the GIL), restore
-        the changelogs once both are done, then make the lanes' views."""
+        """Open every lane's store while the transaction opens (the owner's lease
+        checked, the worker's transactional writer started: broker round trips, while a
+        store open holds the GIL), restore the changelogs once both are done (a
+        transaction another worker left open on one is waited out first), then make the
+        lanes' views."""
         fencing = None
         if self._transaction is not None:
             fencing = asyncio.ensure_future(self._transaction.open())
@@ -104,7 +106,7 @@ class PartitionState:
                 await asyncio.gather(fencing, return_exceptions=True)
             raise
         if fencing is not None:
-            await fencing  # fenced before anything is restored
+            await fencing  # owned and confirmed before anything is restored
             await self.restore()
         self.make_views()
 
