@@ -308,7 +308,7 @@ class PartitionTask:
         if self.phase in (Phase.LOST, Phase.FAILED):
             return  # told already (a failure stands)
         self.transition_if_open(Phase.LOST)  # fenced work that raced the close
-        then = "this worker no longer owns it and leaves it paused until the group revokes it"
+        then = "it stays paused until the group rebalances (asked for while still assigned)"
         log.error("%s: another worker took the partition over (%r); %s", self.name, exc, then)
 
     # live deliveries -----------------------------------------------------------------

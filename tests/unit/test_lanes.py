@@ -14,7 +14,7 @@ from streamapp.engine.assignment import Assignment
 from streamapp.errors import TableUnavailableError
 from streamapp.testing import MemoryBroker, StuckRecordsError
 from streamapp.transports.kafka.port import offset_metadata, parse_metadata
-from streamapp.transports.kafka.txn_writer import WorkerId
+from streamapp.transports.kafka.worker_id import WorkerId
 
 
 def _ev(name: str, sid: str = "s", type: str = "x") -> Event:

@@ -51,8 +51,9 @@ from .topology import check_new_lanes, check_topics, delete_retention_ms
 from .transaction import KafkaTransaction
 from .txn_backoff import shorten_concurrent_transactions_backoff
 from .txn_offsets import Member
-from .txn_writer import TransactionalWriter, WorkerId
-from .warmup import WarmupProbe
+from .txn_writer import TransactionalWriter
+from .warmup import WarmupProbe, request_rejoin
+from .worker_id import WorkerId
 
 log = logging.getLogger("streamapp.kafka")
 POLL_STOP_GRACE_S = 2.0
@@ -121,6 +122,9 @@ class KafkaSource:
         )
         self._promoted = PromotedStores()
         self._owned: Holdings = Holdings()
+        self._lost_asked: int | None = None
+        """The generation under which this worker last asked for a rebalance because a
+        partition it is assigned was marked lost (:meth:`_ask_for_lost`)."""
         """What the last assignment gave this worker (its partitions)."""
         self._holdings: Holdings = Holdings()
         """What the assignor sends at a join: taken once per rebalance (:meth:`_held`)."""
@@ -251,7 +255,8 @@ class KafkaSource:
         consumer, tasks = self._consumer, self.assignment.tasks
         while not self._stopping:
             if not self.assignment.rebalancing:  # standbys to take over once caught up
-                self._warmup.poll(tasks.values(), self.standbys.held())
+                self._warmup.poll(tasks.values(), self.standbys.held)
+                self._ask_for_lost(tasks.values())
             try:
                 fetched = await consumer.getmany(timeout_ms=self.settings.poll_timeout_ms)
             except KafkaError as exc:
@@ -270,6 +275,25 @@ class KafkaSource:
                     task.ahead.add(as_deliveries(records))
                 else:
                     task.dropped()
+
+    def _ask_for_lost(self, tasks: Iterable[PartitionTask]) -> None:
+        """A partition marked lost (its writer fenced, or its offsets refused by the
+        group) that the group still assigns here: ask the group to rebalance, once per
+        generation, and let the group say whose it is. Still this worker's, it opens
+        again (restored from its changelog); moved, it is revoked. Without this, a
+        fence the group never followed would leave the partition paused for good, as
+        Kafka Streams rejoins on a task migrated."""
+        if self._lost_asked == self._owned.generation:
+            return
+        lost = sorted(task.name for task in tasks if task.phase is Phase.LOST)
+        if not lost:
+            return
+        self._lost_asked = self._owned.generation
+        log.warning(
+            "%s marked lost but still assigned here: asking the group to rebalance",
+            ", ".join(lost),
+        )
+        request_rejoin(self._consumer)
 
     def _rewind_unowned(self, tp: TopicPartition, offset: int) -> None:
         try:

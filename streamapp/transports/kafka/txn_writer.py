@@ -38,14 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import os
-import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
@@ -116,6 +112,8 @@ class TransactionalWriter:
         """Source partitions with a batch in hand (a cycle waits for their parts)."""
         self._producer: AIOKafkaProducer | None = None
         self._starting = asyncio.Lock()
+        self._start: asyncio.Future[AIOKafkaProducer] | None = None
+        """The producer's start under way: the writer's, not a caller's (see start)."""
         self._queue: list[Part] = []
         self._arrived = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -128,10 +126,33 @@ class TransactionalWriter:
         transaction can hold a changelog's restore (Kafka Streams: 10 s)."""
 
     async def start(self) -> None:
-        """Start the producer unless it runs (after a failure: a new one)."""
+        """Start the producer unless it runs (after a failure: a new one).
+
+        The start is the writer's, not its caller's: a caller cancelled meanwhile (a
+        partition whose opening failed, e.g. on a damaged store) leaves it running for
+        the next caller, and a start abandoned past its deadline ends before another
+        begins. Each start's ``InitProducerId`` bumps the epoch of the worker's one
+        transactional id: one left running beside another could land after it and
+        fence the producer the writer kept."""
         async with self._starting:
-            if self._producer is None:
-                self._producer = await self._start_producer()
+            if self._producer is not None:
+                return
+            if self._start is None:
+                if self._abandoned:
+                    await asyncio.wait(set(self._abandoned))
+                self._start = asyncio.ensure_future(self._start_producer())
+            starting = self._start
+            try:
+                producer = await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                if not starting.done():
+                    raise  # this caller's: the start goes on for the next one
+                self._start = None
+                raise
+            except BaseException:
+                self._start = None
+                raise
+            self._start, self._producer = None, producer
 
     async def commit(self, part: Part) -> list[int]:
         """Commit ``part`` in the cycle's transaction; its next changelog offsets.
@@ -153,6 +174,11 @@ class TransactionalWriter:
         for part in self._queue:
             _fail(part, PublishError(f"transactional writer {self.transactional_id} closed"))
         self._queue = []
+        starting, self._start = self._start, None
+        if starting is not None:  # a start no caller waits for any more: stop its producer
+            await asyncio.wait({starting})
+            if not starting.cancelled() and starting.exception() is None:
+                await _stop(starting.result(), self.transactional_id)
         if self._abandoned:
             await asyncio.wait(set(self._abandoned))
         await self._drop()
@@ -176,7 +202,8 @@ class TransactionalWriter:
             if isinstance(exc, FENCED):
                 raise FencedError(
                     f"transactional writer {self.transactional_id} of {where} was fenced by "
-                    "another worker that took the partition over (the same transactional id)"
+                    "a newer producer of its transactional id (another worker's on the same "
+                    "id, or the broker ended a transaction of it past its timeout)"
                 ) from exc
             refusal = group_refusal(exc)
             if refusal is not None:
@@ -244,9 +271,11 @@ class TransactionalWriter:
         if producer is None:
             raise PublishError(f"transactional writer {self.transactional_id} is closed")
         await producer.begin_transaction()
-        sent: list[asyncio.Future[Any]] = []
-        """Every send's future: each is retrieved, whatever happens (a fenced writer's
-        would each print "Future exception was never retrieved")."""
+        sent: list[asyncio.Future[Any]] = _transaction_waiter(producer)
+        """Every send's future, and the transaction's own end: each is retrieved,
+        whatever happens (a fenced writer's would each print "Future exception was never
+        retrieved"; aiokafka replaces a transaction's failed end by another when the
+        failure turns fatal, and that first one no one else holds)."""
         try:
             lasts: list[list[tuple[asyncio.Future[Any], int]]] = []
             for part in parts:
@@ -312,17 +341,8 @@ class TransactionalWriter:
     async def _drop(self) -> None:
         """Stop the producer (bounded); the next transaction starts another."""
         producer, self._producer = self._producer, None
-        if producer is None:
-            return
-        try:
-            await asyncio.wait_for(producer.stop(), ABORT_TIMEOUT_S)
-        except TimeoutError:
-            log.warning(
-                "transactional writer %s did not stop within %.0fs (broker away?); left "
-                "behind, the next one fences it",
-                self.transactional_id,
-                ABORT_TIMEOUT_S,
-            )
+        if producer is not None:
+            await _stop(producer, self.transactional_id)
 
     def _abandon(self, producer: AIOKafkaProducer, start: asyncio.Future[None]) -> None:
         """Stop ``producer`` once its ``start`` ends (bounded by ``ABORT_TIMEOUT_S``)."""
@@ -346,6 +366,19 @@ class TransactionalWriter:
         task = asyncio.create_task(stop(), name=f"stop {self.transactional_id}")
         self._abandoned.add(task)
         task.add_done_callback(self._abandoned.discard)
+
+
+async def _stop(producer: AIOKafkaProducer, transactional_id: str) -> None:
+    """Stop ``producer``, bounded by ``ABORT_TIMEOUT_S``."""
+    try:
+        await asyncio.wait_for(producer.stop(), ABORT_TIMEOUT_S)
+    except TimeoutError:
+        log.warning(
+            "transactional writer %s did not stop within %.0fs (broker away?); left "
+            "behind, the next one fences it",
+            transactional_id,
+            ABORT_TIMEOUT_S,
+        )
 
 
 def _fail(part: Part, exc: BaseException) -> None:
@@ -401,6 +434,14 @@ async def _send_records(
     return last
 
 
+def _transaction_waiter(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
+    """The future aiokafka ends the transaction under way with (its transaction manager
+    has no public accessor), as a list to add the sends' futures to."""
+    manager = getattr(producer, "_txn_manager", None)
+    waiter = None if manager is None else manager.wait_for_transaction_end()
+    return [waiter] if isinstance(waiter, asyncio.Future) else []
+
+
 async def _abort(producer: AIOKafkaProducer) -> None:
     try:
         await asyncio.wait_for(producer.abort_transaction(), ABORT_TIMEOUT_S)
@@ -412,48 +453,19 @@ async def _abort(producer: AIOKafkaProducer) -> None:
         manager = getattr(producer, "_txn_manager", None)
         if manager is not None:
             _retrieve([manager.wait_for_transaction_end()])
+        _retrieve(_drain_waiters(producer))
 
 
-class WorkerId:
-    """The worker's transactional id, stable for its data directory: a worker started
-    again after a crash ends its previous life's open transaction at once (its
-    ``InitProducerId``), where a new id would leave it to the broker's timeout. The id
-    is kept in ``<data_dir>/<app id>/transactional-id`` under an exclusive lock: a second
-    worker on the same directory gets an id of its own (never two live writers of one
-    id, which would fence each other)."""
-
-    def __init__(self, data_dir: Path, app_id: str) -> None:
-        self.path = data_dir / app_id / "transactional-id"
-        self._file: IO[str] | None = None
-
-    def acquire(self) -> str:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(self.path, "a+")  # noqa: SIM115  # held open while the lock holds
-        except OSError as exc:
-            log.warning("%s cannot be kept (%r): a new transactional id", self.path, exc)
-            return _fresh()
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            log.info("%s is held by another worker: a transactional id of its own", self.path)
-            return _fresh()
-        f.seek(0)
-        known = f.read().strip()
-        if not known:
-            known = _fresh()
-            f.write(known)
-            f.flush()
-            os.fsync(f.fileno())
-        self._file = f
-        return known
-
-    def release(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            f.close()
-
-
-def _fresh() -> str:
-    return uuid.uuid4().hex[:16]
+def _drain_waiters(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
+    """The drain waiter of each record batch ``producer`` holds. A sender that stopped
+    (fenced) fails every batch, its drain waiter too, which only ``wait_drain`` reads,
+    and nothing here calls: each would print "Future exception was never retrieved"
+    when collected. aiokafka keeps them on its accumulator, with no public accessor."""
+    accumulator = getattr(producer, "_message_accumulator", None)
+    queued = getattr(accumulator, "_batches", None)
+    pending = getattr(accumulator, "_pending_batches", None)
+    batches: list[Any] = [b for q in queued.values() for b in q] if isinstance(queued, dict) else []
+    if isinstance(pending, set):
+        batches.extend(pending)
+    waiters = (getattr(batch, "_drain_waiter", None) for batch in batches)
+    return [w for w in waiters if isinstance(w, asyncio.Future)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -28,12 +28,16 @@ class WarmupProbe:
         self.warmups: frozenset[TopicPartition] = frozenset()
         self._held: float | None = None
 
-    def poll(self, tasks: Iterable[PartitionTask], lags: Mapping[TopicPartition, int]) -> None:
-        """Ask for the rebalance when every warm-up standby is caught up (``lags``: each
-        standby's records behind) and no partition of this worker is opening."""
+    def poll(
+        self, tasks: Iterable[PartitionTask], lags: Callable[[], Mapping[TopicPartition, int]]
+    ) -> None:
+        """Ask for the rebalance when every warm-up standby is caught up (``lags()``:
+        each standby's records behind, asked only while warm-ups are due: this runs
+        before every poll of the consumer) and no partition of this worker is opening."""
         if not self.warmups or not self._may_ask(tasks):
             return
-        if all(0 <= lags.get(tp, -1) <= ACCEPTABLE_LAG for tp in self.warmups):
+        behind = lags()
+        if all(0 <= behind.get(tp, -1) <= ACCEPTABLE_LAG for tp in self.warmups):
             names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(self.warmups))
             log.info("warm-up standbys of %s caught up: asking the group to rebalance", names)
             self.warmups = frozenset()
