@@ -147,7 +147,9 @@ class TransactionalWriter:
             except asyncio.CancelledError:
                 if not starting.done():
                     raise  # this caller's: the start goes on for the next one
-                self._start = None
+                self._start = None  # it ended as this caller was cancelled: keep its producer
+                if not starting.cancelled() and starting.exception() is None:
+                    self._producer = starting.result()
                 raise
             except BaseException:
                 self._start = None
