@@ -18,12 +18,16 @@ whole machine). Two measures, one after the other (``--modes``):
   millisecond, no HTTP (what ``GET /tables/...`` answers from: the committed state,
   never an open batch).
 
+Both send ``--warmup-s`` (3 s) at the rate first, unmeasured: a fresh topic's first
+second is a start-up figure (up to 3 s a sample, once). Each measure gives its worst
+five samples with when they were sent.
+
 The headline (``p50_ms``, ``p99_ms``) is the ``http`` measure; ``in_process`` holds the
 other, with the same fields. Prints both; ``--json`` writes them. Not a test: nothing
 asserts a timing.
 
-    .venv/bin/python bench/latency.py [--rate 2000] [--seconds 20] [--modes http,in-process]
-                                      [--poll-ms 2] [--json PATH]
+    .venv/bin/python bench/latency.py [--rate 2000] [--seconds 20] [--warmup-s 3]
+                                      [--modes http,in-process] [--poll-ms 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ from tables.orders import order_status  # noqa: E402
 PARTITIONS = 8
 KINDS = ("placed", "paid", "shipped", "cancelled")
 MODES = ("http", "in-process")
+WARMUP_S = 3.0
+"""Sent before the measured span, unsampled: a fresh topic's first second (new segments
+on the broker, the first transactions of new changelog partitions, the JIT) took up to
+3 s a sample, once, and would make the p99 of a 20 s run a start-up figure."""
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -66,7 +74,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 async def measure(
-    bootstrap: str, rate: int, seconds: float, orders: int, sample: int
+    bootstrap: str, rate: int, seconds: float, orders: int, sample: int, warmup_s: float
 ) -> dict[str, Any]:
     """The ``in-process`` measure: the worker here, its committed store read directly."""
     topic = f"bench-latency-{uuid.uuid4().hex[:8]}"
@@ -96,8 +104,10 @@ async def measure(
             else:
                 raise RuntimeError("the worker's partitions did not go live in 60 s")
             pending: dict[str, tuple[int, float]] = {}  # order -> (version, sent at)
-            latencies: list[float] = []
-            publisher = await start_publisher(bootstrap, topic, rate, seconds, orders, sample)
+            latencies: list[tuple[float, float]] = []  # (sent at, latency)
+            publisher = await start_publisher(
+                bootstrap, topic, rate, seconds, orders, sample, warmup_s
+            )
             assert publisher.stdout is not None
             achieved = 0.0
 
@@ -124,7 +134,7 @@ async def measure(
                     ptables = None if task is None else task.state.tables_for("order_status")
                     assert ptables is not None, f"{key}: its partition is not served here"
                     if ptables.committed_version(key) >= version:
-                        latencies.append(now - sent)
+                        latencies.append((sent, now - sent))
                         del pending[key]
                 await asyncio.sleep(0.001)
             await reader
@@ -141,7 +151,7 @@ async def measure(
         finally:
             await worker.stop()
     return {
-        **figures(latencies, rate, achieved, seconds),
+        **figures(latencies, rate, achieved, seconds, warmup_s),
         "batches": int(inside["streamapp_batch_size"][1]),
         "mean_batch_size": round(inside["streamapp_batch_size"][0], 1),
         "mean_batch_ms": round(inside["streamapp_batch_duration_seconds"][0] * 1000, 2),
@@ -150,7 +160,13 @@ async def measure(
 
 
 async def start_publisher(
-    bootstrap: str, topic: str, rate: int, seconds: float, orders: int, sample: int
+    bootstrap: str,
+    topic: str,
+    rate: int,
+    seconds: float,
+    orders: int,
+    sample: int,
+    warmup_s: float,
 ) -> asyncio.subprocess.Process:
     """The publisher process (:func:`publish`), its stdout piped: the sampled sends."""
     return await asyncio.create_subprocess_exec(
@@ -168,6 +184,8 @@ async def start_publisher(
         str(orders),
         "--sample",
         str(sample),
+        "--warmup-s",
+        str(warmup_s),
         stdout=asyncio.subprocess.PIPE,
     )
 
@@ -180,6 +198,7 @@ async def measure_http(
     sample: int,
     poll_s: float,
     connections: int,
+    warmup_s: float,
 ) -> dict[str, Any]:
     """The ``http`` measure: a worker process, its view polled over HTTP from here."""
     from tests.integration.harness import WorkerProc, wait_group_ready
@@ -195,7 +214,7 @@ async def measure_http(
             assert worker.proc is not None
             pid = worker.proc.pid
             base = f"http://127.0.0.1:{worker.port}"
-            latencies: list[float] = []
+            latencies: list[tuple[float, float]] = []  # (sent at, latency)
             round_trips: list[float] = []
             requests = 0
             connector = aiohttp.TCPConnector(limit=connections)
@@ -216,7 +235,7 @@ async def measure_http(
                     for _ in range(int(60 / poll_s)):  # at most 60 s per sampled event
                         if await version_of(key) >= version:
                             seen = time.monotonic()
-                            latencies.append(seen - sent)
+                            latencies.append((sent, seen - sent))
                             began = time.monotonic()  # once seen: a lookup answered at once
                             await version_of(key)
                             round_trips.append(time.monotonic() - began)
@@ -227,7 +246,9 @@ async def measure_http(
                 await version_of("order-00000")  # the connection is up
                 requests = 0
                 cpu_before = cpu_s(pid)
-                publisher = await start_publisher(bootstrap, topic, rate, seconds, orders, sample)
+                publisher = await start_publisher(
+                    bootstrap, topic, rate, seconds, orders, sample, warmup_s
+                )
                 assert publisher.stdout is not None
                 polls: list[asyncio.Task[None]] = []
                 achieved = 0.0
@@ -250,7 +271,7 @@ async def measure_http(
         finally:
             worker.stop()
     return {
-        **figures(latencies, rate, achieved, seconds),
+        **figures(latencies, rate, achieved, seconds, warmup_s),
         "poll_ms": poll_s * 1000,
         "http_rtt_p50_ms": round(percentile(sorted(round_trips), 50) * 1000, 2),
         "http_rtt_p99_ms": round(percentile(sorted(round_trips), 99) * 1000, 2),
@@ -289,8 +310,18 @@ def worker_means(text: str) -> dict[str, float | int]:
     }
 
 
-def figures(latencies: list[float], rate: int, achieved: float, seconds: float) -> dict[str, Any]:
-    latencies = sorted(latencies)
+def figures(
+    samples: list[tuple[float, float]],
+    rate: int,
+    achieved: float,
+    seconds: float,
+    warmup_s: float,
+) -> dict[str, Any]:
+    """The percentiles of ``samples`` (sent at, latency), and the worst five with when
+    they were sent (seconds into the measured span): a stall shows as a run of them."""
+    latencies = sorted(latency for _, latency in samples)
+    first = min(sent for sent, _ in samples)
+    worst = sorted(samples, key=lambda s: -s[1])[:5]
     return {
         "rate": rate,
         "achieved_rate": round(achieved, 1),
@@ -299,6 +330,8 @@ def figures(latencies: list[float], rate: int, achieved: float, seconds: float) 
         "p50_ms": round(percentile(latencies, 50) * 1000, 2),
         "p99_ms": round(percentile(latencies, 99) * 1000, 2),
         "max_ms": round(latencies[-1] * 1000, 2),
+        "warmup_s": warmup_s,
+        "worst": [[round(sent - first, 2), round(latency * 1000, 1)] for sent, latency in worst],
     }
 
 
@@ -310,20 +343,28 @@ def _mean(registry: CollectorRegistry, name: str) -> tuple[float, float]:
 
 
 async def publish(
-    bootstrap: str, topic: str, rate: int, seconds: float, orders: int, sample: int
+    bootstrap: str,
+    topic: str,
+    rate: int,
+    seconds: float,
+    orders: int,
+    sample: int,
+    warmup_s: float = 0.0,
 ) -> None:
-    """The publisher process: sends at ``rate`` on a fixed schedule; for one event in
-    ``sample`` prints ``order version sent_at`` (monotonic seconds), then ``achieved``."""
+    """The publisher process: sends at ``rate`` on a fixed schedule, ``warmup_s`` first
+    and then ``seconds``; for one event in ``sample`` past the warm-up prints ``order
+    version sent_at`` (monotonic seconds), then ``achieved`` (of the measured span)."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0
     )
     await producer.start()
     try:
-        total = int(rate * seconds)
+        warmup = int(rate * warmup_s)
+        total = warmup + int(rate * seconds)
         tick = 0.005  # send rate * tick events every 5 ms, on a fixed schedule
         per_tick = max(1, round(rate * tick))
         versions = [0] * orders
-        started = time.monotonic()
+        started = measured_from = time.monotonic()
         for i in range(total):
             if i % per_tick == 0:
                 due = started + (i // per_tick) * tick
@@ -341,9 +382,11 @@ async def publish(
             key, value, headers = codec.encode(event)
             sent = time.monotonic()
             await producer.send(topic, value, key=key, headers=headers)
-            if i % sample == 0:
+            if i == warmup:
+                measured_from = sent
+            if i >= warmup and i % sample == 0:
                 print(oid, versions[n], repr(sent), flush=True)
-        achieved = total / (time.monotonic() - started)
+        achieved = (total - warmup) / (time.monotonic() - measured_from)
         await producer.flush()
         print("achieved 0", achieved, flush=True)
     finally:
@@ -356,6 +399,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--orders", type=int, default=1000)
     parser.add_argument("--sample", type=int, default=20, help="measure 1 event in N")
+    parser.add_argument("--warmup-s", type=float, default=WARMUP_S, help="sent first, not measured")
     parser.add_argument("--modes", default=",".join(MODES), help="http, in-process or both")
     parser.add_argument("--poll-ms", type=float, default=2.0, help="http: poll interval")
     parser.add_argument("--connections", type=int, default=4, help="http: requests in flight")
@@ -367,7 +411,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.publish:
         asyncio.run(
-            publish(args.bootstrap, args.publish, args.rate, args.seconds, args.orders, args.sample)
+            publish(
+                args.bootstrap,
+                args.publish,
+                args.rate,
+                args.seconds,
+                args.orders,
+                args.sample,
+                args.warmup_s,
+            )
         )
         return
     modes = [m for m in args.modes.split(",") if m]
@@ -386,11 +438,19 @@ def main() -> None:
                     args.sample,
                     args.poll_ms / 1000,
                     args.connections,
+                    args.warmup_s,
                 )
             )
         else:
             runs[mode] = asyncio.run(
-                measure(args.bootstrap, args.rate, args.seconds, args.orders, args.sample)
+                measure(
+                    args.bootstrap,
+                    args.rate,
+                    args.seconds,
+                    args.orders,
+                    args.sample,
+                    args.warmup_s,
+                )
             )
         show(mode, runs[mode])
     out = dict(runs.get("http") or runs[modes[0]])
@@ -416,7 +476,7 @@ def show(mode: str, out: dict[str, Any]) -> None:
         f"p99 {out['p99_ms']} ms, max {out['max_ms']} ms; inside the worker: "
         f"{out['batches']} batches of {out['mean_batch_size']} events, "
         f"{out['mean_batch_ms']} ms to run and {out['mean_commit_ms']} ms to commit on "
-        f"average{extra}",
+        f"average{extra}; worst (s into the run, ms): {out['worst']}",
         flush=True,
     )
 

@@ -6,9 +6,11 @@ written after that. A partition task that begins its next transaction at once (a
 fetched ahead runs right after the commit, :mod:`streamapp.engine.ahead`) can get
 ``CONCURRENT_TRANSACTIONS`` for its first ``AddPartitionsToTxn``, and aiokafka waits a
 fixed 20 ms before it asks again (KAFKA-5477), which made most of a live event's p99.
-The markers of a local broker are written within a millisecond or two: asking again
-after 5 ms costs one small request when they are not. Process-wide (aiokafka keeps it
-module-level); it changes nothing but that wait.
+The markers of a local broker are written within a few milliseconds: asking again every
+2 ms costs a small request or two when they are not. Measured (a transaction of eight
+partitions and their offsets, back to back, 1,000 of them): 20 ms, p50 25 ms a
+transaction; 5 ms, 10-11 ms; 2 ms, 7.1 ms at the same CPU; 1 ms, 6-7 ms at 10% more CPU.
+Process-wide (aiokafka keeps it module-level); it changes nothing but that wait.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from aiokafka.producer import sender
 
 log = logging.getLogger("streamapp.kafka")
 
-CONCURRENT_TRANSACTIONS_BACKOFF_S = 0.005
+CONCURRENT_TRANSACTIONS_BACKOFF_S = 0.002
 
 
 def shorten_concurrent_transactions_backoff() -> None:

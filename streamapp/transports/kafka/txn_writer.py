@@ -273,11 +273,12 @@ class TransactionalWriter:
         if producer is None:
             raise PublishError(f"transactional writer {self.transactional_id} is closed")
         await producer.begin_transaction()
-        sent: list[asyncio.Future[Any]] = _transaction_waiter(producer)
-        """Every send's future, and the transaction's own end: each is retrieved,
-        whatever happens (a fenced writer's would each print "Future exception was never
-        retrieved"; aiokafka replaces a transaction's failed end by another when the
-        failure turns fatal, and that first one no one else holds)."""
+        ending = _transaction_waiter(producer)
+        sent: list[asyncio.Future[Any]] = []
+        """Every send's future; it and the transaction's own end (``ending``) are
+        retrieved whatever happens (a fenced writer's would each print "Future exception
+        was never retrieved"; aiokafka replaces a transaction's failed end by another
+        when the failure turns fatal, and that first one no one else holds)."""
         try:
             lasts: list[list[tuple[asyncio.Future[Any], int]]] = []
             for part in parts:
@@ -292,6 +293,15 @@ class TransactionalWriter:
                     sent.append(future)
             offsets = {part.source: part.offset for part in parts if part.offset is not None}
             if offsets:
+                # The records first, then the offsets: a Produce the broker verifies
+                # (KIP-890) while AddOffsetsToTxn changes the same transaction gets
+                # CONCURRENT_TRANSACTIONS, which it answers to aiokafka's Produce v8 as
+                # NOT_ENOUGH_REPLICAS, retried after retry_backoff_ms (100 ms): measured,
+                # a quarter of the transactions of a live cycle, p99 116 ms against 21.
+                if sent:  # wait, not gather: a cancelled gather would cancel aiokafka's futures
+                    await asyncio.wait(sent)
+                    for future in sent:
+                        future.result()  # a refused send fails the transaction here
                 set_member(self.transactional_id, member)
                 await producer.send_offsets_to_transaction(offsets, self.group_id)
             await producer.commit_transaction()
@@ -299,7 +309,7 @@ class TransactionalWriter:
             await _abort(producer)
             raise
         finally:
-            _retrieve(sent)
+            _retrieve([*ending, *sent])
         return [[int((await last).offset) + count for last, count in of] for of in lasts]
 
     # the producer ------------------------------------------------------------------
