@@ -164,7 +164,7 @@ class RestoreChunk:
             cp = cp.with_positions(self.checkpoint, self.checkpoint_offset)
         cp = cp.advanced(changelog=changelog)
         self.changes[META] = {CHECKPOINT_KEY: cp.encode()}
-        tables.store.write(self.changes)
+        tables.store.write(self.changes, keep=False)
         tables.checkpoint = cp
         if self.changes[HELD] or self.changes[SKIPPED]:
             tables.reload_held()

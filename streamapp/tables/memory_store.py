@@ -36,7 +36,7 @@ class MemoryStore:
     def watch(self, on_damage: OnDamage) -> None:
         pass  # memory is never corrupt
 
-    def write(self, changes: Changes) -> None:
+    def write(self, changes: Changes, *, keep: bool = True) -> None:
         unknown = [space for space in changes if space not in self._spaces]
         if unknown:  # all or nothing, like a RocksDB WriteBatch
             raise KeyError(f"unknown store space(s) {unknown}")

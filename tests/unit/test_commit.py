@@ -71,8 +71,8 @@ class LoggedStore(RocksStore):
         super().__init__(path, spaces, open_timeout_s=1)
         self.log = log
 
-    def write(self, changes: Changes) -> None:
-        super().write(changes)
+    def write(self, changes: Changes, *, keep: bool = True) -> None:
+        super().write(changes, keep=keep)
         kept = changes.get("t:kept", {}).get(b"s")
         raw = changes.get(META, {}).get(CHECKPOINT_KEY)
         live = None if raw is None else Checkpoint.decode(raw).live

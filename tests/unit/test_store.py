@@ -232,6 +232,23 @@ def test_rocks_read_cache_is_bounded_and_exact(tmp_path: Path) -> None:
         store.close()
 
 
+def test_rocks_restore_write_keeps_nothing_cached_and_reads_exact(tmp_path: Path) -> None:
+    """A restore's bulk write (``keep=False``) leaves the read cache empty, so nothing it
+    held before (a value, or a key known absent) is answered after it."""
+    store = RocksStore(tmp_path / "db", SPACES, open_timeout_s=1)
+    try:
+        store.write({"t:a": {b"k1": b"old"}})
+        assert store.get("t:a", b"k1") == b"old"
+        assert store.get("t:a", b"k2") is None  # cached as absent
+        store.write({"t:a": {b"k1": b"new", b"k2": b"made"}, "t:b": {b"x": b"y"}}, keep=False)
+        assert all(len(cached) == 0 for cached in store._cache.values())
+        assert store.get("t:a", b"k1") == b"new"
+        assert store.get("t:a", b"k2") == b"made"
+        assert store.get("t:b", b"x") == b"y"
+    finally:
+        store.close()
+
+
 def test_rocks_write_that_raises_leaves_no_stale_cached_value(tmp_path: Path) -> None:
     """A write whose outcome is unknown (it raised, yet may have landed): reads go to
     RocksDB again instead of trusting what was cached before it."""

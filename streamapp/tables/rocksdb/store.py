@@ -201,7 +201,7 @@ class RocksStore:
         Rdict.destroy(str(self.path), Options(raw_mode=True))
         self._open()
 
-    def write(self, changes: Changes) -> None:
+    def write(self, changes: Changes, *, keep: bool = True) -> None:
         if self.damage is not None:
             raise self.stuck()
         batch = self._batch(changes)
@@ -214,7 +214,10 @@ class RocksStore:
                 raise self.failed(exc, "writing a batch") from exc
             raise
         for space, kv in changes.items():
-            self._cache[space].wrote(kv)
+            if keep:
+                self._cache[space].wrote(kv)
+            else:  # a restore: what was cached may be stale, and nothing is read yet
+                self._cache[space].clear()
         if self._made:
             self._made = [name for name in self._made if name not in changes]
 
