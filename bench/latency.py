@@ -244,20 +244,22 @@ async def measure_http(
                     raise RuntimeError(f"{key} version {version} not seen in 60 s")
 
                 await version_of("order-00000")  # the connection is up
-                requests = 0
-                cpu_before = cpu_s(pid)
                 publisher = await start_publisher(
                     bootstrap, topic, rate, seconds, orders, sample, warmup_s
                 )
                 assert publisher.stdout is not None
                 polls: list[asyncio.Task[None]] = []
                 achieved = 0.0
-                started = time.monotonic()
+                # the worker's CPU and the probe's requests over the measured span only:
+                # from the first sampled send (the warm-up's are not printed)
+                cpu_before, started = 0.0, 0.0
                 async for line in publisher.stdout:
                     oid, version, sent = line.split()
                     if oid == b"achieved":
                         achieved = float(sent)
                     else:
+                        if not polls:
+                            cpu_before, started, requests = cpu_s(pid), time.monotonic(), 0
                         polls.append(
                             asyncio.create_task(poll(oid.decode(), int(version), float(sent)))
                         )

@@ -178,7 +178,7 @@ def throughput_notes(workloads: list[dict[str, Any]]) -> list[str]:
 
 
 def target_rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """Issue 19's throughput targets, one row per workload and rival: streamapp / it by
+    """Issue 30's throughput targets, one row per workload and rival: streamapp / it by
     events/s (and by CPU per event where the target says so), and / the raw ceiling."""
     rows: list[tuple[str, str, str]] = []
     for w in results.get("throughput", {}).values():

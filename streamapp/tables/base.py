@@ -38,9 +38,10 @@ class Store(Protocol):
 
     def write(self, changes: Changes, *, keep: bool = True) -> None:
         """Apply ``changes`` atomically. ``keep``: the written values stay in the store's
-        read cache, if it has one; a restore's bulk writes pass False (its partition
-        serves nothing yet, and copying each value into the cache cost a quarter of a
-        restore's CPU)."""
+        read cache, if it has one. A restore's and a standby's bulk writes of changelog
+        records pass False: the cache of each space they change is dropped instead
+        (copying each value into it cost a quarter of a restore's CPU, and few of them
+        are read soon; a standby's stale reads then read RocksDB)."""
         ...
 
     def count(self, space: str) -> int | None:

@@ -3,7 +3,7 @@ only then adds its offsets, so that no Produce is refused while the transaction 
 
 Kafka verifies a transactional Produce with the transaction coordinator (KIP-890). When
 AddOffsetsToTxn changes the same transaction at that moment, the broker answers
-aiokafka's Produce (v8) NOT_ENOUGH_REPLICAS, which aiokafka retries after
+aiokafka's Produce (v7) NOT_ENOUGH_REPLICAS, which aiokafka retries after
 ``retry_backoff_ms`` (100 ms): with the offsets added while the records were still in
 flight, about one transaction in six of eight partitions and their offsets waited so
 (a live p99 of 100 ms and more). The test fails on that order: 150 such transactions see

@@ -216,7 +216,7 @@ class RocksStore:
         for space, kv in changes.items():
             if keep:
                 self._cache[space].wrote(kv)
-            else:  # a restore: what was cached may be stale, and nothing is read yet
+            elif kv:  # a restore's or a standby's bulk write: drop what may be stale
                 self._cache[space].clear()
         if self._made:
             self._made = [name for name in self._made if name not in changes]
