@@ -6,8 +6,9 @@ AddOffsetsToTxn changes the same transaction at that moment, the broker answers
 aiokafka's Produce (v7) NOT_ENOUGH_REPLICAS, which aiokafka retries after
 ``retry_backoff_ms`` (100 ms): with the offsets added while the records were still in
 flight, about one transaction in six of eight partitions and their offsets waited so
-(a live p99 of 100 ms and more). The test fails on that order: 150 such transactions see
-no refused Produce.
+(a live p99 of 100 ms and more). The first test fails on that order: 150 such
+transactions see no refused Produce. The second: a refused send fails its transaction
+even when it carries no offsets (aiokafka would commit it without the refused batch).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import logging
 import uuid
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from streamapp.errors import PublishError
+from streamapp.records import Message
 from streamapp.transports.kafka.txn_writer import Part, TransactionalWriter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -63,3 +66,49 @@ async def test_records_are_acked_before_the_offsets_join_the_transaction(
     # each transaction committed one record per partition, after the one before (and
     # its commit marker, which takes an offset too)
     assert ends == [[2 * n + 1] * PARTITIONS for n in range(TRANSACTIONS)]
+
+
+async def test_a_refused_send_fails_a_transaction_without_offsets(kafka_bootstrap: str) -> None:
+    """A cycle whose parts carry no offset (a replayed batch, a new table's first one)
+    still fails when one of its sends is refused: aiokafka would commit the transaction
+    without the refused batch (a changelog batch lost under a committed transaction)."""
+    ns = f"refuse{uuid.uuid4().hex[:6]}-"
+    changelog, small = f"{ns}changelog", f"{ns}small"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [
+                NewTopic(changelog, 1, 1),
+                NewTopic(small, 1, 1, topic_configs={"max.message.bytes": "1000"}),
+            ]
+        )
+    finally:
+        await admin.close()
+    writer = TransactionalWriter(kafka_bootstrap, f"{ns}txn", group_id=f"{ns}group", timeout_s=30)
+    part = Part(
+        TopicPartition(f"{ns}source", 0),
+        [(changelog, [(b"k", b"v")])],
+        [Message(small, b"x" * 5000, b"k", (), 0)],  # refused: MESSAGE_TOO_LARGE
+        None,
+    )
+    try:
+        await writer.start()
+        with pytest.raises(PublishError, match="TooLarge"):  # the broker's refusal, named
+            await writer.run([part])
+    finally:
+        await writer.close()
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=kafka_bootstrap,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await reader.start()
+    try:
+        tp = TopicPartition(changelog, 0)
+        reader.assign([tp])
+        fetched = await reader.getmany(tp, timeout_ms=2000)
+        assert fetched.get(tp, []) == []  # the changelog record was aborted with it
+    finally:
+        await reader.stop()
