@@ -30,19 +30,23 @@ PARTITIONS = 8
 TRANSACTIONS = 150
 
 
+async def create(bootstrap: str, *topics: NewTopic) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(list(topics))
+    finally:
+        await admin.close()
+
+
 async def test_records_are_acked_before_the_offsets_join_the_transaction(
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     ns = f"order{uuid.uuid4().hex[:6]}-"
     changelog, source = f"{ns}changelog", f"{ns}source"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [NewTopic(changelog, PARTITIONS, 1), NewTopic(source, PARTITIONS, 1)]
-        )
-    finally:
-        await admin.close()
+    await create(
+        kafka_bootstrap, NewTopic(changelog, PARTITIONS, 1), NewTopic(source, PARTITIONS, 1)
+    )
     writer = TransactionalWriter(kafka_bootstrap, f"{ns}txn", group_id=f"{ns}group", timeout_s=30)
     caplog.set_level(logging.WARNING, logger="aiokafka.producer.sender")
     ends: list[list[int]] = []
@@ -74,17 +78,11 @@ async def test_a_refused_send_fails_a_transaction_without_offsets(kafka_bootstra
     without the refused batch (a changelog batch lost under a committed transaction)."""
     ns = f"refuse{uuid.uuid4().hex[:6]}-"
     changelog, small = f"{ns}changelog", f"{ns}small"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [
-                NewTopic(changelog, 1, 1),
-                NewTopic(small, 1, 1, topic_configs={"max.message.bytes": "1000"}),
-            ]
-        )
-    finally:
-        await admin.close()
+    await create(
+        kafka_bootstrap,
+        NewTopic(changelog, 1, 1),
+        NewTopic(small, 1, 1, topic_configs={"max.message.bytes": "1000"}),
+    )
     writer = TransactionalWriter(kafka_bootstrap, f"{ns}txn", group_id=f"{ns}group", timeout_s=30)
     part = Part(
         TopicPartition(f"{ns}source", 0),
