@@ -40,7 +40,7 @@ from .harness import (
     streamapp_cmd,
     wait_ready,
 )
-from .held_world import APP, read, send, wait_held
+from .held_world import APP, send, wait_held, wait_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -126,10 +126,9 @@ async def test_a_kill_between_the_park_and_its_write_parks_again_and_releases_on
     try:
         await wait_ready(third)
         await wait_held(third, 1, 2)  # the copies the killed workers parked are not held
-        got = await read(third, streams)
-        assert got == {
-            s: (folded(s, held=s == POISONED), "2" if s == POISONED else None) for s in streams
-        }
+        # live is not caught up: a partition may still fetch its backlog (a 404 until then)
+        want = {s: folded(s, held=s == POISONED) for s in streams}
+        await wait_table(third, want, {POISONED})
         # P's 2 is held again here unless the second worker's batch with its hold was
         # written before the batch that P's 3 came in (batches are the broker's to cut)
         again = len(re.findall(held_again, third.log_text())) - before
@@ -143,7 +142,7 @@ async def test_a_kill_between_the_park_and_its_write_parks_again_and_releases_on
             replayed = cli("parked", "replay", "--topic", f"{source}.parked")
             assert f"sent {copies} records back" in replayed, replayed
         await wait_held(third, 0, 0)
-        assert await read(third, streams) == {s: (folded(s, held=False), None) for s in streams}
+        await wait_table(third, {s: folded(s, held=False) for s in streams}, set())
         assert "moved on while it was held" not in third.log_text()
     finally:
         assert third.stop() == 0
